@@ -127,6 +127,9 @@ def build_parser():
     a("--prm-lr", type=float, default=None, help="estimator Adam lr (default 1e-3 for tiny, 1e-5 otherwise)")
     a("--prm-batch-size", type=int, default=16, help="trajectories per estimator optimizer step")
     a("--prm-heldout", type=float, default=0.2, help="share of the estimator's episodes held out to report its fit")
+    a("--prm-path", default=None,
+      help="file of a fitted estimator: loaded if it exists (same settings required), else fitted and saved there, "
+           "so runs that share env, seed and --prm-* settings share one estimator, as the paper's fixed PRM")
     # evaluation, logging
     a("--eval-every", type=int, default=10, help="evaluate every N updates of A (0: start and end only)")
     a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
@@ -167,6 +170,9 @@ def validate(cfg):
          "--prm-expert-noise must be in [0, 1] and --prm-heldout in [0, 1)"),
         (cfg.dense_reward == "env" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
          "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
+        (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
+        (not cfg.prm_path or not cfg.prm_refresh,
+         "--prm-path keeps the fitted estimator, not its data: it cannot be combined with --prm-refresh"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -854,32 +860,72 @@ def add_estimator_data(dense, source, trajs, cfg, rng):
     dense.sources[source] = {"episodes": n, "success": wins / n if n else 0.0}
 
 
-def build_dense_source(policy, cfg, rng, generator):
+# What the estimator's fit depends on: a --prm-path file is reused only when all of these match.
+ESTIMATOR_SETTINGS = ("env", "env_options", "backend", "seed", "model", "action_mode", "history", "max_steps",
+                      "temperature", "group_size", "micro_batch_size", "max_grad_norm", "dtype", "prm_model",
+                      "prm_freeze", "prm_warmup_episodes", "prm_expert_episodes", "prm_expert_noise",
+                      "prm_epochs", "prm_lr", "prm_batch_size", "prm_heldout")
+
+
+def load_saved_estimator(cfg):
+    """--prm-path: the saved fit (dict), or None when there is no file yet. A file fitted under other
+    settings is a ConfigError, so two runs never silently share different reward models."""
+    if not cfg.prm_path or not os.path.exists(cfg.prm_path):
+        return None
+    try:
+        saved = torch.load(cfg.prm_path, map_location="cpu", weights_only=False)
+        settings = saved["settings"]
+    except Exception as e:
+        raise ConfigError(f"--prm-path {cfg.prm_path} is not a saved progress estimator ({e})") from None
+    diff = [f"{k}={settings.get(k)!r} there, {getattr(cfg, k)!r} here" for k in ESTIMATOR_SETTINGS
+            if settings.get(k) != getattr(cfg, k)]
+    if diff:
+        raise ConfigError(f"--prm-path {cfg.prm_path} was fitted with other settings: {'; '.join(diff)}")
+    return saved
+
+
+def build_dense_source(policy, cfg):
     """--dense-reward env: the env's values (plus noise). learned: build the estimator, collect the
     initial policy's rollouts (--prm-warmup-episodes) and the noisy expert's episodes
-    (--prm-expert-episodes), fit it for --prm-epochs. Returns (DenseSource, stats, env steps)."""
+    (--prm-expert-episodes), fit it for --prm-epochs -- or load that fit from --prm-path. The fit draws
+    from its own RNG streams, so fitting and loading leave training identical.
+    Returns (DenseSource, stats, env steps, seconds), the last two being the fit's cost."""
     dense = DenseSource(np.random.default_rng(cfg.seed + 20_000))
     if cfg.dense_reward == "env":
-        return dense, {}, 0
+        return dense, {}, 0, 0.0
     lm, tok = build_lm(cfg.prm_model, cfg, cfg.seed + 1)   # own weights
     dense.estimator = ProgressEstimator(lm, tok, policy.tok, cfg.prm_freeze).to(policy.device)
     dense.optimizer = torch.optim.Adam([p for p in dense.estimator.parameters() if p.requires_grad], lr=cfg.prm_lr)
     dense.train, dense.heldout, dense.sources = [], [], {}
+    saved = load_saved_estimator(cfg)
+    if saved is not None:
+        dense.estimator.load_state_dict(saved["state"])
+        cfg.prm_data = dense.sources = saved["sources"]
+        return dense, saved["stats"], saved["env_steps"], saved["seconds"]
+    start = time.time()
     data_rng = np.random.default_rng(cfg.seed + 30_000)
     collected = []
-    if cfg.prm_warmup_episodes:
-        n = cfg.prm_warmup_episodes
-        seeds = data_rng.integers(0, cfg.train_tasks, -(-n // cfg.group_size))
-        collected.append(("warmup", rollout(policy, cfg, seeds, temperature=cfg.temperature)[:n]))
-    if cfg.prm_expert_episodes:
-        seeds = data_rng.integers(0, cfg.train_tasks, cfg.prm_expert_episodes)
-        act = expert_actor(policy, cfg.prm_expert_noise, data_rng)
-        collected.append(("expert", rollout(policy, cfg, seeds, act=act, group_size=1)))
-    for source, trajs in collected:
-        add_estimator_data(dense, source, trajs, cfg, data_rng)
-    cfg.prm_data = dense.sources
-    stats = fit_estimator(dense, cfg, cfg.prm_epochs, generator)
-    return dense, stats, sum(len(t.steps) for _, trajs in collected for t in trajs)
+    with own_rng(cfg.seed + 30_000, policy.device):
+        if cfg.prm_warmup_episodes:
+            n = cfg.prm_warmup_episodes
+            seeds = data_rng.integers(0, cfg.train_tasks, -(-n // cfg.group_size))
+            collected.append(("warmup", rollout(policy, cfg, seeds, temperature=cfg.temperature)[:n]))
+        if cfg.prm_expert_episodes:
+            seeds = data_rng.integers(0, cfg.train_tasks, cfg.prm_expert_episodes)
+            act = expert_actor(policy, cfg.prm_expert_noise, data_rng)
+            collected.append(("expert", rollout(policy, cfg, seeds, act=act, group_size=1)))
+        for source, trajs in collected:
+            add_estimator_data(dense, source, trajs, cfg, data_rng)
+        cfg.prm_data = dense.sources
+        stats = fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(cfg.seed + 30_000))
+    steps, seconds = sum(len(t.steps) for _, trajs in collected for t in trajs), time.time() - start
+    if cfg.prm_path:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.prm_path)), exist_ok=True)
+        torch.save({"settings": {k: getattr(cfg, k) for k in ESTIMATOR_SETTINGS},
+                    "state": dense.estimator.state_dict(), "sources": dense.sources, "stats": stats,
+                    "env_steps": steps, "seconds": seconds}, cfg.prm_path + ".tmp")
+        os.replace(cfg.prm_path + ".tmp", cfg.prm_path)   # atomic: a run starting meanwhile never reads half a file
+    return dense, stats, steps, seconds
 
 
 def refresh_estimator(dense, trajs, cfg, rng, generator):
@@ -938,8 +984,7 @@ def evaluate(policy, cfg):
     """Success (overall and per task type) and score on the fixed held-out panel, sampled at the
     evaluation temperature. Uses its own RNG stream so evaluating never changes training."""
     n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, cfg.eval_split, backend=cfg.backend, **cfg.env_options))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed + 10_000)
+    with own_rng(cfg.seed + 10_000, policy.device):
         trajs = rollout(policy, cfg, range(n), cfg.eval_split, cfg.eval_temperature)
     out = {"eval/success": float(np.mean([t.won for t in trajs])),
            "eval/score": float(np.mean([t.score for t in trajs]))}
@@ -1149,10 +1194,9 @@ def train(cfg, policy, log):
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
     totals = {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
               "time/A_seconds": 0.0, "time/B_seconds": 0.0}
-    t0 = time.time()
-    dense, prm_stats, prm_steps = build_dense_source(policy, cfg, rng, generator)
+    dense, prm_stats, prm_steps, prm_seconds = build_dense_source(policy, cfg)
     if dense.estimator is not None:
-        totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": time.time() - t0})
+        totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
     seen_states = set()
     ordered, previous_own, last_explorer, pending = [], [], {}, []
     record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **totals}
@@ -1207,6 +1251,15 @@ def train(cfg, policy, log):
 
 # ----------------------------------------------------------------------------------------------
 # main
+
+
+@contextlib.contextmanager
+def own_rng(seed, device):
+    """A private torch RNG stream (CPU, and the CUDA device in use): sampling inside never shifts the
+    training stream, so evaluation or the estimator's fit leave training identical."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def pick_device(name):
@@ -1306,6 +1359,7 @@ def main(argv=None, pretrained=None):
     try:
         validate(cfg)
         probe_env(cfg)
+        load_saved_estimator(cfg)   # a mismatched --prm-path fails here, before any work
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

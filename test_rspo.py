@@ -7,6 +7,7 @@ Every formula is checked against values computed by hand (shown in the comments)
 fidelity tests replay the same actions in the real alfworld==0.4.2 engine (skipped if not installed).
 """
 import copy
+import csv
 import importlib.util
 import itertools
 import json
@@ -319,6 +320,9 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--no-such-flag"], "unrecognized arguments", {}),
     (["--dense-noise", "-1"], "--dense-noise must be >= 0", {}),
     (["--dense-reward", "learned", "--prm-warmup-episodes", "0", "--prm-expert-episodes", "0"], "needs --prm-", {}),
+    (["--prm-path", "{tmp}/e.pt"], "--prm-path needs --dense-reward learned", {}),
+    (["--dense-reward", "learned", "--prm-path", "{tmp}/e.pt", "--prm-refresh", "2"], "cannot be combined", {}),
+    (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf"], "is not a saved progress estimator", {}),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path):
     (tmp_path / "gguf.py").write_text("raise ImportError('gguf is not installed')\n")
@@ -1463,8 +1467,7 @@ def test_estimator_rewards_correlate_with_alfworld_progress():
     rspo.probe_env(cfg)
     torch.manual_seed(0)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
-    dense, stats, steps = rspo.build_dense_source(policy, cfg, np.random.default_rng(0),
-                                                  torch.Generator().manual_seed(0))
+    dense, stats, steps, _ = rspo.build_dense_source(policy, cfg)
     assert cfg.prm_data["expert"]["success"] > 0.8 and cfg.prm_data["warmup"]["success"] < 0.2 and steps > 1000
     print(stats)
     assert stats["prm/heldout_loss"] < 0.18, stats   # predicting the mean outcome would give ~0.25
@@ -1481,6 +1484,22 @@ def test_rspo_with_learned_dense_reward_runs(tmp_path, env):
     data = json.loads((tmp_path / "config.json").read_text())["prm_data"]
     assert data["warmup"]["episodes"] == 4 and data["expert"]["episodes"] == 8
     assert data["refresh"]["episodes"] == 2 * 3 * 2   # 2 updates x 3 on-policy groups x 2 episodes
+
+
+def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
+    """--prm-path: the first run fits and saves; a second run with the same settings loads the file and
+    reproduces the first run's metrics exactly (the fit draws from its own RNG streams, and its cost is
+    reported as the fit's); a run with other --prm-* settings is refused with a clear error."""
+    args = ["--reward", "rspo", "--dense-reward", "learned", "--prm-warmup-episodes", "4",
+            "--prm-expert-episodes", "8", "--prm-epochs", "2", "--prm-path", str(tmp_path / "est.pt")]
+    fitted = run(tmp_path / "a", *args)
+    assert (tmp_path / "est.pt").exists()
+    loaded = run(tmp_path / "b", *args)
+    same = lambda r: json.dumps({k: v for k, v in r.items() if not k.startswith("time/") or k == "time/prm_seconds"})
+    assert [same(r) for r in loaded] == [same(r) for r in fitted]   # as JSON, so NaN equals NaN
+    assert loaded[0]["env_steps/prm"] > 0 and loaded[0]["prm/heldout_sum_error"] == fitted[0]["prm/heldout_sum_error"]
+    with pytest.raises(SystemExit):
+        run(tmp_path / "c", *args, "--prm-epochs", "3")
 
 
 def test_learned_dense_reward_replaces_the_env_values(tmp_path):
@@ -1502,3 +1521,48 @@ def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
                   "--eval-split", "train", "--dense-reward", "learned", "--prm-warmup-episodes", "2",
                   "--prm-expert-episodes", "4", "--prm-epochs", "1", "--updates", "1")
     assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[-1]["env_steps/B"] > 0
+
+
+# =============================================================================================
+# scripts/reproduce.py: runs, resume, verification, report (on tiny settings)
+
+
+def test_reproduce_script_runs_resumes_verifies_and_reports(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, os.path.join(HERE, "scripts"))
+    import reproduce
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(reproduce, "SETTINGS", {"alfworld": [
+        "--env", "alfworld", "--num-groups", "8", "--group-size", "2", "--max-steps", "4", "--updates", "3",
+        "--k", "1", "--eval-every", "3", "--eval-episodes", "2", "--prm-warmup-episodes", "2",
+        "--prm-expert-episodes", "4", "--prm-epochs", "1"]})
+    monkeypatch.setattr(reproduce, "LONG", {"alfworld": ["--updates", "6"]})
+    monkeypatch.setattr(reproduce, "EXPERIMENTS", {"main": (["outcome", "rspo"], ["grpo"], ["alfworld"]),
+                                                   "equal_cost": (["outcome_long"], ["grpo"], ["alfworld"])})
+    argv = ["--envs", "alfworld", "--algos", "grpo", "--seeds", "0"]
+    reproduce.main(argv)
+    results = tmp_path / "results"
+    with open(results / "final.csv") as f:
+        rows = {(r["experiment"], r["method"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {("main", "outcome"), ("main", "rspo"), ("equal_cost", "outcome_long")}
+    r = rows["main", "rspo"]
+    assert int(r["env_steps_B"]) > 0 and int(r["env_steps_prm"]) > 0 and int(r["a_updates"]) == 3
+    assert int(r["env_steps_total"]) == sum(int(r[f"env_steps_{k}"]) for k in ("A", "B", "prm"))
+    assert int(rows["equal_cost", "outcome_long"]["a_updates"]) == 6
+    rspo_dir = results / "main" / "alfworld_grpo_rspo_s0"
+    cmd = (rspo_dir / "command.txt").read_text()
+    assert cmd.startswith("python rspo.py ") and "estimators/alfworld_s0.pt" in cmd
+    assert (results / "estimators" / "alfworld_s0.pt").exists()
+    assert "## Equal total cost" in (results / "tables.md").read_text()
+    # The longer run repeats the shorter one exactly up to its end (same seed, deterministic on CPU).
+    short = reproduce.read_metrics(results / "main" / "alfworld_grpo_outcome_s0")
+    long = reproduce.read_metrics(results / "equal_cost" / "alfworld_grpo_outcome_long_s0")
+    assert len(long) == 7 and reproduce.same_metrics(long[:4], short)
+    capsys.readouterr()
+    reproduce.main(argv)   # resume: nothing left to run
+    assert capsys.readouterr().out.count("done before") == 3
+    assert reproduce.verify([str(rspo_dir)])
+    lines = (rspo_dir / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[-1])
+    record["eval/success"] += 0.5
+    (rspo_dir / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    assert not reproduce.verify([str(rspo_dir)])

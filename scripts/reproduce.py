@@ -4,6 +4,7 @@
     python scripts/reproduce.py --experiments main --envs alfworld --algos grpo --seeds 0
     python scripts/reproduce.py --report                # only rebuild results/final.csv, tables, figures
     python scripts/reproduce.py --list                  # print the commands, run nothing
+    python scripts/reproduce.py --verify results/main/alfworld_grpo_outcome_s0   # rerun one, compare
 
 Each run is one `python rspo.py ...` command with its own directory results/<experiment>/<run>/ holding
 metrics.jsonl, config.json and command.txt (the exact command line). A run whose metrics reach its last
@@ -17,32 +18,41 @@ sweeps, which are reported as sweeps.
 import argparse
 import csv
 import json
+import math
 import os
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
 
-# One setting per environment, shared by every method (see results/README.md for why these).
+# One setting per environment, shared by every method (see results/README.md for why these). The budget
+# is A's updates; RSPO's cycles (k = 3) divide it, and evaluation samples 128 fixed held-out tasks.
 SETTINGS = {
-    "alfworld": ["--env", "alfworld", "--num-groups", "16", "--group-size", "8", "--max-steps", "30",
-                 "--updates", "30", "--epochs", "1", "--eval-every", "10", "--eval-episodes", "96",
-                 "--eval-split", "valid_seen"],
-    "webshop": ["--env", "webshop", "--num-groups", "16", "--group-size", "8", "--updates", "30",
-                "--epochs", "1", "--eval-every", "10", "--eval-episodes", "96", "--eval-split", "test"],
+    "alfworld": ["--env", "alfworld", "--num-groups", "8", "--group-size", "8", "--max-steps", "30",
+                 "--updates", "24", "--eval-every", "6", "--eval-episodes", "128", "--eval-split", "valid_seen"],
+    "webshop": ["--env", "webshop", "--num-groups", "8", "--group-size", "8", "--max-steps", "10",
+                "--updates", "12", "--eval-every", "4", "--eval-episodes", "128", "--eval-split", "test"],
 }
+# Equal total cost: the base algorithm run 2.5x as many updates (RSPO's explorer adds ~1.3x A's env steps).
+LONG = {env: ["--updates", str(int(2.5 * int(flags[flags.index("--updates") + 1])))] for env, flags in SETTINGS.items()}
 
 # method name -> extra flags. `outcome` is the base algorithm; `rspo` uses the learned progress estimator
-# (the paper's dense reward); `rspo_envdense` the environment's event-style dense reward.
-LEARNED = ["--dense-reward", "learned", "--prm-expert-episodes", "256"]
+# (the paper's dense reward), fitted once per env and seed and shared by every run that uses it, like the
+# paper's fixed PRM; `rspo_envdense` uses the environment's event-style dense reward.
+LEARNED = ["--dense-reward", "learned", "--prm-path", "{results}/estimators/{env}_s{seed}.pt"]
 METHODS = {
     "outcome": ["--reward", "outcome"],
+    "outcome_long": ["--reward", "outcome", "{long}"],
     "rspo": ["--reward", "rspo", *LEARNED],
     "rspo_envdense": ["--reward", "rspo", "--dense-reward", "env"],
     "dense": ["--reward", "dense", "--dense-reward", "env"],
@@ -55,13 +65,14 @@ METHODS = {
     **{f"rspo_noise{s}": ["--reward", "rspo", *LEARNED, "--dense-noise", str(s)] for s in (0.1, 0.3)},
 }
 
-# experiment -> (methods, algorithms, environments)
+# experiment -> (methods, algorithms, environments), in the order they run: the most important first.
 EXPERIMENTS = {
     "main": (["outcome", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
     "dense": (["dense"], ["grpo"], ["alfworld", "webshop"]),
-    "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o",
-                   "rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
-                   "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["webshop"]),
+    "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
+    "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
+    "sweeps": (["rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
+                "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["alfworld"]),
 }
 
 
@@ -69,10 +80,23 @@ def run_dir(experiment, env, algo, method, seed):
     return os.path.join(RESULTS, experiment, f"{env}_{algo}_{method}_s{seed}")
 
 
+def method_flags(env, method, seed):
+    flags = []
+    for f in METHODS[method]:
+        flags += LONG[env] if f == "{long}" else [f.format(env=env, seed=seed, results=os.path.relpath(RESULTS, ROOT))]
+    return flags
+
+
 def command(experiment, env, algo, method, seed):
     out = run_dir(experiment, env, algo, method, seed)
-    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], "--algo", algo, *METHODS[method],
-            "--seed", str(seed), "--output-dir", os.path.relpath(out, ROOT), "--no-save-model", "--no-progress"]
+    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], "--algo", algo,
+            *method_flags(env, method, seed), "--seed", str(seed), "--output-dir", os.path.relpath(out, ROOT),
+            "--no-save-model", "--no-progress"]
+
+
+def flag(cmd, name):
+    """The value argparse uses: the last occurrence of the flag."""
+    return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1] if name in cmd else None
 
 
 def read_metrics(path):
@@ -85,24 +109,24 @@ def read_metrics(path):
 
 def complete(path, cmd):
     records = read_metrics(path)
-    updates = int(cmd[cmd.index("--updates") + 1])
-    return bool(records) and records[-1].get("updates/A") == updates and "eval/success" in records[-1]
+    return bool(records) and records[-1].get("updates/A") == int(flag(cmd, "--updates")) \
+        and "eval/success" in records[-1]
 
 
 def plan(args):
+    """Jobs in EXPERIMENTS order; seeds innermost, so two workers rarely need the same estimator at once."""
     jobs = []
     for experiment in args.experiments:
         methods, algos, env_names = EXPERIMENTS[experiment]
-        for env in env_names:
-            if env not in args.envs:
-                continue
-            for algo in algos:
-                if algo not in args.algos:
-                    continue
+        for algo in algos:
+            for env in env_names:
                 for method in methods:
-                    for seed in args.seeds:
-                        jobs.append((experiment, env, algo, method, seed))
+                    if env in args.envs and algo in args.algos and (not args.methods or method in args.methods):
+                        jobs += [(experiment, env, algo, method, seed) for seed in args.seeds]
     return jobs
+
+
+FITTING = defaultdict(threading.Lock)   # estimator file -> held by the run that fits it
 
 
 def execute(job):
@@ -112,9 +136,13 @@ def execute(job):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "command.txt"), "w") as f:
         f.write(shlex.join(["python", "rspo.py", *cmd[2:]]) + "\n")   # as run from the repository root
-    start = time.time()
-    with open(os.path.join(path, "stdout.txt"), "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    estimator = flag(cmd, "--prm-path")
+    # The first run that needs an estimator fits it; another run needing the same one waits for the file.
+    lock = FITTING[estimator] if estimator and not os.path.exists(os.path.join(ROOT, estimator)) else nullcontext()
+    with lock:
+        start = time.time()
+        with open(os.path.join(path, "stdout.txt"), "w") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     return job, "ok" if rc == 0 else f"failed (exit {rc}, see {path}/stdout.txt)", time.time() - start
 
 
@@ -122,59 +150,186 @@ def execute(job):
 # Report: final.csv, Markdown tables, figures
 
 
+def mean_of(records, key):
+    values = [r[key] for r in records if key in r]
+    return statistics.mean(values) if values else float("nan")
+
+
 def final_rows():
+    """One row per complete run. Costs count everything a user pays: A, the explorer B and the progress
+    estimator's fit (data collection + training; shared by the runs of one env and seed, charged to each)."""
     rows = []
     for experiment in sorted(os.listdir(RESULTS)) if os.path.isdir(RESULTS) else []:
+        if experiment not in EXPERIMENTS:
+            continue
         for name in sorted(os.listdir(os.path.join(RESULTS, experiment))):
             path = os.path.join(RESULTS, experiment, name)
             records = read_metrics(path)
-            if not records or "eval/success" not in records[-1]:
+            if not records or "eval/success" not in records[-1] or len(records) < 2:
                 continue
-            cfg = json.load(open(os.path.join(path, "config.json")))
+            with open(os.path.join(path, "config.json")) as f:
+                cfg = json.load(f)
             last = records[-1]
-            method = name[len(f"{cfg['env']}_{cfg['algo']}_"):name.rindex("_s")]
-            rows.append({"experiment": experiment, "env": cfg["env"], "algo": cfg["algo"], "method": method,
-                         "seed": cfg["seed"], "success": last["eval/success"], "score": last["eval/score"],
-                         "a_updates": last["updates/A"],
-                         "env_steps_total": last["env_steps/A"] + last["env_steps/B"],
-                         "wall_seconds": round(last["time/A_seconds"] + last["time/B_seconds"], 1),
-                         **{k: v for k, v in last.items() if k.startswith("eval/success/")},
-                         "path": os.path.relpath(path, ROOT)})
+            if last["updates/A"] != cfg["updates"]:
+                continue
+            steps = {k: last.get(f"env_steps/{k}", 0) for k in ("A", "B", "prm")}
+            secs = {k: last.get(f"time/{k}_seconds", 0.0) for k in ("A", "B", "prm")}
+            rows.append({
+                "experiment": experiment, "env": cfg["env"], "algo": cfg["algo"],
+                "method": name[len(f"{cfg['env']}_{cfg['algo']}_"):name.rindex("_s")], "seed": cfg["seed"],
+                "success": last["eval/success"], "score": last["eval/score"], "a_updates": last["updates/A"],
+                "env_steps_total": sum(steps.values()), "wall_seconds": round(sum(secs.values()), 1),
+                **{f"env_steps_{k}": v for k, v in steps.items()},
+                **{f"seconds_{k}": round(v, 1) for k, v in secs.items()},
+                "start_success": records[0]["eval/success"],
+                "train_success": mean_of(records[1:], "train/success"),
+                "explorer_success": mean_of(records[1:], "explorer/success"),
+                "buffer_groups_with_success": mean_of(records[1:], "buffer/groups_with_success"),
+                "distinct_states": last.get("train/distinct_states", 0),
+                **{k: v for k, v in records[0].items() if k.startswith("prm/heldout")},
+                **{k: v for k, v in last.items() if k.startswith("eval/success/")},
+                "path": os.path.relpath(path, ROOT)})
     return rows
 
 
-def mean_std(values):
+def pct(values):
+    values = [v for v in values if not math.isnan(v)]   # NaN: a diagnostic the method does not have
     if not values:
         return "–"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f} (n={len(values)})"
+    return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}"
+
+
+def num(values, fmt="{:.0f}"):
+    values = [v for v in values if not math.isnan(v)]
+    return fmt.format(statistics.mean(values)) if values else "–"
+
+
+def table(head, lines):
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *["| " + " | ".join(c) + " |" for c in lines], ""]
+
+
+def groups(rows, experiments):
+    """(env, algo, method) -> rows, in a stable order."""
+    out = {}
+    for r in sorted(rows, key=lambda r: (r["env"], r["algo"], list(METHODS).index(r["method"]), r["seed"])):
+        if r["experiment"] in experiments:
+            out.setdefault((r["env"], r["algo"], r["method"]), []).append(r)
+    return out
+
+
+def paired_difference(rs, rows):
+    """Success minus the base algorithm's (method `outcome`, experiment main) on the same env, algo and seed."""
+    base = {(r["env"], r["algo"], r["seed"]): r["success"] for r in rows
+            if r["experiment"] == "main" and r["method"] == "outcome"}
+    diffs = [r["success"] - base[r["env"], r["algo"], r["seed"]] for r in rs
+             if r["method"] != "outcome" and (r["env"], r["algo"], r["seed"]) in base]
+    return pct(diffs) if diffs else "–"
+
+
+def results_table(rows, experiments):
+    """Success (and WebShop's score, ALFWorld's task types) with the costs, mean ± std over seeds."""
+    out = []
+    sel = groups(rows, experiments)
+    for env in sorted({k[0] for k in sel}):
+        types = sorted({t for (e, _, _), rs in sel.items() if e == env for r in rs for t in r
+                        if t.startswith("eval/success/")})
+        head = ["algo", "method", "n", "success (start → end)", "Δ vs outcome (same seeds)",
+                *(["score"] if env == "webshop" else []),
+                "A updates", "env steps (all)", "seconds (all)", *[t.split("/")[-1].replace("_", " ") for t in types]]
+        lines = []
+        for (e, algo, method), rs in sel.items():
+            if e == env:
+                lines.append([algo, method, str(len(rs)),
+                              f"{pct([r['start_success'] for r in rs])} → **{pct([r['success'] for r in rs])}**",
+                              paired_difference(rs, rows),
+                              *([pct([r["score"] for r in rs])] if env == "webshop" else []),
+                              str(rs[0]["a_updates"]), num([r["env_steps_total"] for r in rs]),
+                              num([r["wall_seconds"] for r in rs]), *[pct([r.get(t, float("nan")) for r in rs]) for t in types]])
+        out += [f"### {env}", "", *table(head, lines)]
+    return out
+
+
+def diagnostics_table(rows, experiments):
+    head = ["env", "algo", "method", "A's training success", "explorer success", "buffer groups with a success",
+            "distinct states (A)", "env steps A / B / estimator", "seconds A / B / estimator"]
+    lines = []
+    for (env, algo, method), rs in groups(rows, experiments).items():
+        lines.append([env, algo, method, pct([r["train_success"] for r in rs]), pct([r["explorer_success"] for r in rs]),
+                      pct([r["buffer_groups_with_success"] for r in rs]), num([r["distinct_states"] for r in rs]),
+                      " / ".join(num([r[f"env_steps_{k}"] for r in rs]) for k in ("A", "B", "prm")),
+                      " / ".join(num([r[f"seconds_{k}"] for r in rs]) for k in ("A", "B", "prm"))])
+    return table(head, lines)
+
+
+def estimator_table(rows):
+    """The progress estimator's fit on its held-out episodes, one row per env and seed (the file is shared)."""
+    head = ["env", "seed", "held-out loss", "mean abs(sum r_hat - R)", "corr(r_hat, progress gain)",
+            "same, first steps left out"]
+    seen, lines = set(), []
+    for r in sorted(rows, key=lambda r: (r["env"], r["seed"])):
+        if "prm/heldout_loss" in r and (r["env"], r["seed"]) not in seen:
+            seen.add((r["env"], r["seed"]))
+            lines.append([r["env"], str(r["seed"]), *[f"{r[f'prm/heldout_{k}']:.3f}" for k in
+                          ("loss", "sum_error", "corr_progress", "corr_progress_after_first")]])
+    return table(head, lines)
+
+
+def at_cost(records, key, budget):
+    """The last evaluation of a run reached within `budget` of cost `key` (A's env steps or seconds)."""
+    evals = [r for r in records if "eval/success" in r and r[key] <= budget]
+    return evals[-1] if evals else None
+
+
+def equal_cost_table(rows):
+    """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used."""
+    head = ["env", "seed", "RSPO success", "RSPO env steps", "GRPO at equal A updates",
+            "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
+    lines = []
+    for r in [r for r in rows if r["experiment"] == "main" and r["algo"] == "grpo" and r["method"] == "rspo"]:
+        long = [x for x in rows if x["experiment"] == "equal_cost" and x["env"] == r["env"] and x["seed"] == r["seed"]]
+        base = [x for x in rows if x["experiment"] == "main" and x["env"] == r["env"] and x["seed"] == r["seed"]
+                and x["algo"] == "grpo" and x["method"] == "outcome"]
+        if not long or not base:
+            continue
+        records = read_metrics(os.path.join(ROOT, long[0]["path"]))
+        by_steps = at_cost(records, "env_steps/A", r["env_steps_total"])
+        by_time = at_cost(records, "time/A_seconds", r["wall_seconds"])
+        show = lambda x: f"{100 * x['eval/success']:.1f} ({x['update']})" if x else "–"
+        lines.append([r["env"], str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
+                      f"{100 * base[0]['success']:.1f}", show(by_steps), f"{r['wall_seconds']:.0f}", show(by_time)])
+    return table(head, lines)
 
 
 def tables(rows):
-    out = ["# Results tables (generated by scripts/reproduce.py --report)", "",
-           "Held-out success (%) at the end of training, mean ± std over seeds. WebShop also gives the",
-           "score (mean purchase reward × 100). `env steps` counts A's and the explorer's steps together.", ""]
-    for experiment in sorted({r["experiment"] for r in rows}):
-        out += [f"## {experiment}", ""]
-        for env in sorted({r["env"] for r in rows if r["experiment"] == experiment}):
-            sel = [r for r in rows if r["experiment"] == experiment and r["env"] == env]
-            types = sorted({k for r in sel for k in r if k.startswith("eval/success/")}) if env == "alfworld" else []
-            head = ["algo", "method", "success", "score" if env == "webshop" else None, "env steps", "seconds",
-                    *[t.split("/")[-1] for t in types]]
-            head = [h for h in head if h]
-            out += [f"### {env}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            for algo in sorted({r["algo"] for r in sel}):
-                for method in sorted({r["method"] for r in sel if r["algo"] == algo}):
-                    rs = [r for r in sel if r["algo"] == algo and r["method"] == method]
-                    cells = [algo, method, mean_std([r["success"] for r in rs])]
-                    if env == "webshop":
-                        cells.append(mean_std([r["score"] for r in rs]))
-                    cells += [f"{statistics.mean(r['env_steps_total'] for r in rs):.0f}",
-                              f"{statistics.mean(r['wall_seconds'] for r in rs):.0f}"]
-                    cells += [mean_std([r[t] for r in rs if t in r]) for t in types]
-                    out.append("| " + " | ".join(cells) + " |")
-            out.append("")
+    out = ["# Results tables (generated by `python scripts/reproduce.py --report`)", "",
+           "Held-out success (%) at the start and end of training, mean ± std over the seeds (n); WebShop's",
+           "score is the mean purchase reward × 100. Costs include the explorer B and the progress estimator's fit.", "",
+           "## Main comparison: base algorithm vs RSPO (learned progress estimator) vs RSPO (env dense reward)", "",
+           *results_table(rows, {"main"}),
+           "## Diagnostics", "", "explorer success: B's success on its last training batch of each cycle, mean over",
+           "cycles; buffer groups: the share of A's replayed buffer groups holding a success; distinct states:",
+           "observations A saw during training (the paper's Appendix E).", "",
+           *diagnostics_table(rows, {"main", "ablations", "sweeps"}),
+           "The learned progress estimator (tiny backbone; 64 episodes of the initial policy + 256 of the",
+           "expert with half its actions random; 20 % held out):", "", *estimator_table(rows),
+           "## Equal total cost (RSPO+GRPO vs GRPO run longer)", "",
+           "GRPO's held-out success at its last evaluation within RSPO's total env steps (A + B + estimator)",
+           "or total seconds; in brackets the updates of A it had made by then.", "",
+           *equal_cost_table(rows),
+           "## Dense reward only (event-style env reward)", "", *results_table(rows, {"dense"}),
+           "## Ablations (Table 2)", "", *results_table(rows, {"ablations"}),
+           "## Sweeps of RSPO's knobs within the paper's ranges", "", *results_table(rows, {"sweeps"})]
     return "\n".join(out)
+
+
+def curve(rows, key="update", value="eval/success"):
+    """Mean over runs of (x, value) at each evaluation (runs share their evaluation updates)."""
+    runs = [[(x[key], x[value]) for x in read_metrics(os.path.join(ROOT, r["path"])) if "eval/success" in x] for r in rows]
+    n = min(len(c) for c in runs)
+    return ([statistics.mean(c[i][0] for c in runs) for i in range(n)],
+            [statistics.mean(c[i][1] for c in runs) for i in range(n)],
+            [min(c[i][1] for c in runs) for i in range(n)], [max(c[i][1] for c in runs) for i in range(n)])
 
 
 def figures(rows):
@@ -185,40 +340,60 @@ def figures(rows):
     except ImportError:
         print("matplotlib is not installed: no figures")
         return
-    main = [r for r in rows if r["experiment"] == "main"]
-    for env in sorted({r["env"] for r in main}):
-        algos = sorted({r["algo"] for r in main if r["env"] == env})
+    main = groups(rows, {"main"})
+    for env in sorted({k[0] for k in main}):
+        algos = sorted({k[1] for k in main if k[0] == env})
         fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.5), squeeze=False)
         for ax, algo in zip(axes[0], algos):
-            for method in sorted({r["method"] for r in main if r["env"] == env and r["algo"] == algo}):
-                curves = [[(x["update"], x["eval/success"]) for x in read_metrics(os.path.join(ROOT, r["path"]))
-                           if "eval/success" in x]
-                          for r in main if r["env"] == env and r["algo"] == algo and r["method"] == method]
-                xs = [u for u, _ in curves[0]]
-                ys = [statistics.mean(c[i][1] for c in curves if len(c) > i) for i in range(len(xs))]
-                ax.plot(xs, ys, "o-", label=method)
-            ax.set_title(f"{env}: {algo}")
-            ax.set_xlabel("updates of A")
-            ax.set_ylabel("held-out success")
+            for (e, a, method), rs in main.items():
+                if (e, a) == (env, algo):
+                    xs, ys, lo, hi = curve(rs)
+                    ax.plot(xs, ys, "o-", label=f"{method} (n={len(rs)})")
+                    ax.fill_between(xs, lo, hi, alpha=0.15)
+            ax.set(title=f"{env}: {algo}", xlabel="updates of A", ylabel="held-out success (mean, min-max)")
             ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(RESULTS, f"curves_{env}.png"))
         plt.close(fig)
-    for r in [r for r in rows if r["experiment"] == "dense"]:
-        records = read_metrics(os.path.join(ROOT, r["path"]))
+        # Equal total cost: success against all env steps paid (A + explorer + estimator).
+        rspo, long = main.get((env, "grpo", "rspo")), groups(rows, {"equal_cost"}).get((env, "grpo", "outcome_long"))
+        if rspo and long:
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            for label, rs in (("GRPO (run longer)", long), ("RSPO+GRPO", rspo)):
+                runs = [read_metrics(os.path.join(ROOT, r["path"])) for r in rs]
+                for i, rec in enumerate(runs):
+                    ev = [x for x in rec if "eval/success" in x]
+                    cost = [x["env_steps/A"] + x["env_steps/B"] + x.get("env_steps/prm", 0) for x in ev]
+                    ax.plot(cost, [x["eval/success"] for x in ev], "o-", color="C0" if "longer" in label else "C1",
+                            alpha=0.7, label=label if i == 0 else None)
+            ax.set(title=f"{env}: equal total cost", xlabel="env steps (A + explorer + estimator)",
+                   ylabel="held-out success")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(os.path.join(RESULTS, f"equal_cost_{env}.png"))
+            plt.close(fig)
+    for (env, _, _), rs in groups(rows, {"dense"}).items():
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ev = [x for x in records if "eval/success" in x]
-        tr = [x for x in records if "train/dense_return" in x]
-        ax.plot([x["update"] for x in ev], [x["eval/success"] for x in ev], "o-", color="C0")
-        ax.set_ylabel("held-out success", color="C0")
         ax2 = ax.twinx()
-        ax2.plot([x["update"] for x in tr], [x["train/dense_return"] for x in tr], color="C3")
-        ax2.set_ylabel("dense return per episode", color="C3")
-        ax.set_xlabel("updates (dense reward only)")
-        ax.set_title(f"{r['env']}, seed {r['seed']}")
+        for i, r in enumerate(rs):
+            records = read_metrics(os.path.join(ROOT, r["path"]))
+            ev = [x for x in records if "eval/success" in x]
+            tr = [x for x in records if "train/dense_return" in x]
+            ax.plot([x["update"] for x in ev], [x["eval/success"] for x in ev], "o-", color="C0", alpha=0.7,
+                    label="held-out success" if i == 0 else None)
+            ax2.plot([x["update"] for x in tr], [x["train/dense_return"] for x in tr], color="C3", alpha=0.7,
+                     label="dense return per episode" if i == 0 else None)
+        ax.set(xlabel="updates (dense reward only)", title=f"{env}: dense reward only ({len(rs)} seeds)")
+        ax.set_ylabel("held-out success", color="C0")
+        ax2.set_ylabel("dense return per episode (training)", color="C3")
         fig.tight_layout()
-        fig.savefig(os.path.join(RESULTS, f"dense_only_{r['env']}_s{r['seed']}.png"))
+        fig.savefig(os.path.join(RESULTS, f"dense_only_{env}.png"))
         plt.close(fig)
+
+
+FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
+          "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
+          "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
 
 
 def report():
@@ -226,16 +401,35 @@ def report():
     if not rows:
         print("no complete runs under results/")
         return
-    os.makedirs(RESULTS, exist_ok=True)
-    fields = ["env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total", "wall_seconds"]
     with open(os.path.join(RESULTS, "final.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["experiment", *fields], extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     with open(os.path.join(RESULTS, "tables.md"), "w") as f:
         f.write(tables(rows) + "\n")
     figures(rows)
-    print(f"{len(rows)} runs -> results/final.csv, results/tables.md")
+    print(f"{len(rows)} runs -> results/final.csv, results/tables.md, results/*.png")
+
+
+def same_metrics(a, b):
+    """Metrics equal except wall-clock times (compared as JSON, so NaN equals NaN)."""
+    strip = lambda rs: [json.dumps({k: v for k, v in r.items() if not k.startswith("time/")}) for r in rs]
+    return strip(a) == strip(b)
+
+
+def verify(paths):
+    """Rerun each committed run's command.txt into a temporary directory and compare its metrics."""
+    ok = True
+    for path in paths:
+        with open(os.path.join(path, "command.txt")) as f:
+            cmd = shlex.split(f.read())
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd[cmd.index("--output-dir") + 1] = tmp
+            subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            same = same_metrics(read_metrics(tmp), read_metrics(path))
+        print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}")
+        ok &= same
+    return ok
 
 
 def main(argv=None):
@@ -243,13 +437,18 @@ def main(argv=None):
     p.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
     p.add_argument("--envs", nargs="+", default=["alfworld", "webshop"], choices=["alfworld", "webshop"])
     p.add_argument("--algos", nargs="+", default=["grpo", "ppo", "gigpo"], choices=["grpo", "ppo", "gigpo"])
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="only these methods (default: all)")
     p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
+    p.add_argument("--verify", nargs="+", metavar="RUN_DIR",
+                   help="rerun these committed runs from their command.txt and check the metrics match")
     args = p.parse_args(argv)
     if args.report:
         return report()
+    if args.verify:
+        sys.exit(0 if verify(args.verify) else 1)
     jobs = plan(args)
     if args.list:
         for job in jobs:
