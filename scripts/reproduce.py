@@ -227,10 +227,13 @@ def paired_difference(rs, rows):
     return pct(diffs) if diffs else "–"
 
 
-def results_table(rows, experiments):
-    """Success (and WebShop's score, ALFWorld's task types) with the costs, mean ± std over seeds."""
+def results_table(rows, experiments, reference=()):
+    """Success (and WebShop's score, ALFWorld's task types) with the costs, mean ± std over seeds.
+    reference: methods of the main experiment shown first, for the (env, algo) pairs the table has."""
     out = []
-    sel = groups(rows, experiments)
+    pairs = {(r["env"], r["algo"]) for r in rows if r["experiment"] in experiments}
+    sel = {**groups([r for r in rows if r["method"] in reference and (r["env"], r["algo"]) in pairs], {"main"}),
+           **groups(rows, experiments)}
     for env in sorted({k[0] for k in sel}):
         types = sorted({t for (e, _, _), rs in sel.items() if e == env for r in rs for t in r
                         if t.startswith("eval/success/")})
@@ -282,7 +285,8 @@ def at_cost(records, key, budget):
 
 
 def equal_cost_table(rows):
-    """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used."""
+    """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used.
+    RSPO's cost includes the estimator's fit, shared by the runs of one env and seed but charged in full."""
     head = ["env", "seed", "RSPO success", "RSPO env steps", "GRPO at equal A updates",
             "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
     lines = []
@@ -295,7 +299,9 @@ def equal_cost_table(rows):
         records = read_metrics(os.path.join(ROOT, long[0]["path"]))
         by_steps = at_cost(records, "env_steps/A", r["env_steps_total"])
         by_time = at_cost(records, "time/A_seconds", r["wall_seconds"])
-        show = lambda x: f"{100 * x['eval/success']:.1f} ({x['update']})" if x else "–"
+        def show(x):   # "whole run": the longer run ended inside the budget (it never reached RSPO's cost)
+            return "–" if x is None else f"{100 * x['eval/success']:.1f} ({x['update']}" + \
+                (", whole run)" if x["update"] == records[-1]["update"] else ")")
         lines.append([r["env"], str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
                       f"{100 * base[0]['success']:.1f}", show(by_steps), f"{r['wall_seconds']:.0f}", show(by_time)])
     return table(head, lines)
@@ -317,9 +323,9 @@ def tables(rows):
            "GRPO's held-out success at its last evaluation within RSPO's total env steps (A + B + estimator)",
            "or total seconds; in brackets the updates of A it had made by then.", "",
            *equal_cost_table(rows),
-           "## Dense reward only (event-style env reward)", "", *results_table(rows, {"dense"}),
-           "## Ablations (Table 2)", "", *results_table(rows, {"ablations"}),
-           "## Sweeps of RSPO's knobs within the paper's ranges", "", *results_table(rows, {"sweeps"})]
+           "## Dense reward only (event-style env reward)", "", *results_table(rows, {"dense"}, ("outcome",)),
+           "## Ablations (Table 2)", "", *results_table(rows, {"ablations"}, ("outcome", "rspo")),
+           "## Sweeps of RSPO's knobs within the paper's ranges", "", *results_table(rows, {"sweeps"}, ("outcome", "rspo"))]
     return "\n".join(out)
 
 
