@@ -95,8 +95,11 @@ def command(experiment, env, algo, method, seed):
 
 
 def flag(cmd, name):
-    """The value argparse uses: the last occurrence of the flag."""
-    return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1] if name in cmd else None
+    """The value argparse uses: the one after the flag's last occurrence (None if absent)."""
+    if name not in cmd:
+        return None
+    last = len(cmd) - 1 - cmd[::-1].index(name)
+    return cmd[last + 1]
 
 
 def read_metrics(path):
@@ -192,17 +195,22 @@ def final_rows():
     return rows
 
 
+def finite(values):
+    """Drop NaN: a diagnostic the method does not have (e.g. explorer success without an explorer)."""
+    return [v for v in values if not math.isnan(v)]
+
+
 def pct(values):
-    values = [v for v in values if not math.isnan(v)]   # NaN: a diagnostic the method does not have
+    values = finite(values)
     if not values:
         return "–"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}"
 
 
-def num(values, fmt="{:.0f}"):
-    values = [v for v in values if not math.isnan(v)]
-    return fmt.format(statistics.mean(values)) if values else "–"
+def num(values):
+    values = finite(values)
+    return f"{statistics.mean(values):.0f}" if values else "–"
 
 
 def table(head, lines):
@@ -329,9 +337,11 @@ def tables(rows):
     return "\n".join(out)
 
 
-def curve(rows, key="update", value="eval/success"):
-    """Mean over runs of (x, value) at each evaluation (runs share their evaluation updates)."""
-    runs = [[(x[key], x[value]) for x in read_metrics(os.path.join(ROOT, r["path"])) if "eval/success" in x] for r in rows]
+def curve(rows):
+    """(updates, mean, min, max) of held-out success over runs at each evaluation (runs share their
+    evaluation updates)."""
+    runs = [[(x["update"], x["eval/success"]) for x in read_metrics(os.path.join(ROOT, r["path"]))
+             if "eval/success" in x] for r in rows]
     n = min(len(c) for c in runs)
     return ([statistics.mean(c[i][0] for c in runs) for i in range(n)],
             [statistics.mean(c[i][1] for c in runs) for i in range(n)],
