@@ -1154,6 +1154,14 @@ def buffer_stats(groups):
             "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in groups]))}
 
 
+def count_wins(counts, trajs, prefix):
+    """Running totals of successful episodes per task type, counts["{prefix}/wins/{type}"] (0 for a type
+    played but never won): which kinds of task A's own rollouts and the replayed groups bring successes on."""
+    for t in trajs:
+        key = f"{prefix}/wins/{t.task_type}"
+        counts[key] = counts.get(key, 0) + int(t.won)
+
+
 def move_training_state(agent, optimizer, device):
     """Move an agent's weights and its Adam moments to `device`. Parameters keep their identity
     (Module.to copies in place), so the optimizer still points at them; Adam's `step` stays on the CPU."""
@@ -1197,7 +1205,7 @@ def train(cfg, policy, log):
     dense, prm_stats, prm_steps, prm_seconds = build_dense_source(policy, cfg)
     if dense.estimator is not None:
         totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-    seen_states = set()
+    seen_states, wins = set(), {}
     ordered, previous_own, last_explorer, pending = [], [], {}, []
     record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **totals}
     log(record)
@@ -1225,6 +1233,8 @@ def train(cfg, policy, log):
         batch = list(trajs)
         replay = [ordered[(cycle_pos * cfg.buffer_groups + j) % len(ordered)] for j in range(cfg.buffer_groups)] \
             if ordered else []
+        count_wins(wins, trajs, "train")
+        count_wins(wins, [t for g in replay for t in g], "buffer")
         for j, group in enumerate(replay):
             batch += [replace(t, group=cfg.onpolicy_groups + j) for t in group]
         stats.update(update(policy, optimizer, batch, cfg, generator, ref))
@@ -1241,7 +1251,7 @@ def train(cfg, policy, log):
         totals["updates/A"] = u
         totals["time/A_seconds"] += time.time() - t1
         record = {"update": u, **stats, **last_explorer, **(buffer_stats(replay) if replay else {}),
-                  "train/distinct_states": len(seen_states), **totals}
+                  "train/distinct_states": len(seen_states), **dict(sorted(wins.items())), **totals}
         if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
             record.update(evaluate(policy, cfg))
         log(record)

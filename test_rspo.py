@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -165,6 +166,16 @@ def test_buffer_order():
     assert order[0] == 2 and sorted(order) == [0, 1, 2, 3]
     firsts = {rspo.buffer_order(outcomes, "random", g).tolist()[0] for _ in range(50)}
     assert firsts == {0, 1, 2, 3}
+
+
+def test_count_wins_keeps_running_totals_per_task_type():
+    def traj(kind, won):
+        return replace(_traj(won, [0.0]), task_type=kind)
+    counts = {}
+    rspo.count_wins(counts, [traj("heat", True), traj("heat", False), traj("look", False)], "train")
+    rspo.count_wins(counts, [traj("heat", True), traj("look", True), traj("look", True)], "train")
+    rspo.count_wins(counts, [traj("clean", False)], "buffer")
+    assert counts == {"train/wins/heat": 2, "train/wins/look": 2, "buffer/wins/clean": 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1563,6 +1574,20 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(tmp_path, monkeypatc
     assert reproduce.verify([str(rspo_dir)])
     lines = (rspo_dir / "metrics.jsonl").read_text().splitlines()
     record = json.loads(lines[-1])
-    record["eval/success"] += 0.5
-    (rspo_dir / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    # Wins per task type add up to the logged success rates: 7 own groups x 2 episodes, 1 replayed group x 2.
+    records = [json.loads(x) for x in lines[1:]]
+    for who, episodes in (("train", 14), ("buffer", 2)):
+        total = sum(v for k, v in record.items() if k.startswith(f"{who}/wins/"))
+        assert total == round(sum(r[f"{who}/success"] * episodes for r in records))
+        assert any(k.startswith(f"{who}/wins/") for k in record)
+    assert "Successful training episodes per task type" in (results / "tables.md").read_text()
+
+    def commit(rec):
+        (rspo_dir / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(rec)]) + "\n")
+    # A run committed before a metric existed still verifies; a committed value that changed does not.
+    commit({k: v for k, v in record.items() if "/wins/" not in k})
+    assert reproduce.verify([str(rspo_dir)])
+    commit({**record, "eval/success": record["eval/success"] + 0.5})
+    assert not reproduce.verify([str(rspo_dir)])
+    commit({**record, "train/no_such_metric": 1.0})
     assert not reproduce.verify([str(rspo_dir)])

@@ -60,7 +60,9 @@ METHODS = {
     "rspo_sampling_random": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "random"],
     "rspo_h": ["--reward", "rspo", "--buffer-source", "self"],
     "rspo_o": ["--reward", "rspo", "--explorer-reward", "outcome"],
-    **{f"rspo_alpha{a}": ["--reward", "rspo", *LEARNED, "--alpha", str(a)] for a in (0.0625, 0.25, 0.5)},
+    # The paper's alpha = 1/16 is left out: with 8 groups per update it is half a buffer group (rspo.py
+    # refuses alpha * groups < 1); it needs >= 16 groups per update, a different batch from every other run.
+    **{f"rspo_alpha{a}": ["--reward", "rspo", *LEARNED, "--alpha", str(a)] for a in (0.25, 0.5)},
     **{f"rspo_k{k}": ["--reward", "rspo", *LEARNED, "--k", str(k)] for k in (1, 5, 10)},
     **{f"rspo_noise{s}": ["--reward", "rspo", *LEARNED, "--dense-noise", str(s)] for s in (0.1, 0.3)},
 }
@@ -71,7 +73,7 @@ EXPERIMENTS = {
     "dense": (["dense"], ["grpo"], ["alfworld", "webshop"]),
     "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
     "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
-    "sweeps": (["rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
+    "sweeps": (["rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
                 "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["alfworld"]),
 }
 
@@ -190,7 +192,7 @@ def final_rows():
                 "buffer_groups_with_success": mean_of(records[1:], "buffer/groups_with_success"),
                 "distinct_states": last.get("train/distinct_states", 0),
                 **{k: v for k, v in records[0].items() if k.startswith("prm/heldout")},
-                **{k: v for k, v in last.items() if k.startswith("eval/success/")},
+                **{k: v for k, v in last.items() if k.startswith("eval/success/") or "/wins/" in k},
                 "path": os.path.relpath(path, ROOT)})
     return rows
 
@@ -273,6 +275,25 @@ def diagnostics_table(rows, experiments):
     return table(head, lines)
 
 
+def wins_table(rows, experiments):
+    """Successful training episodes per task type over the whole run: A's own rollouts / the buffer groups
+    replayed to A (mean over seeds; runs logged before rspo.py counted them are left out)."""
+    sel = {k: [r for r in rs if any("/wins/" in c for c in r)] for k, rs in groups(rows, experiments).items()}
+    sel = {k: rs for k, rs in sel.items() if rs}
+    out = []
+    for env in sorted({k[0] for k in sel}):
+        types = sorted({c.split("/")[-1] for (e, _, _), rs in sel.items() if e == env for r in rs for c in r
+                        if "/wins/" in c})
+        head = ["algo", "method", "n", *[t.replace("_", " ") for t in types]]
+        def count(r, who, t):   # 0: a type never won; NaN ("–"): no such counts (no buffer without RSPO)
+            return r.get(f"{who}/wins/{t}", 0 if any(c.startswith(f"{who}/wins/") for c in r) else float("nan"))
+        lines = [[algo, method, str(len(rs)), *[" / ".join(num([count(r, who, t) for r in rs])
+                                                          for who in ("train", "buffer")) for t in types]]
+                 for (e, algo, method), rs in sel.items() if e == env]
+        out += [f"### {env}", "", *table(head, lines)]
+    return out
+
+
 def estimator_table(rows):
     """The progress estimator's fit on its held-out episodes, one row per env and seed (the file is shared)."""
     head = ["env", "seed", "held-out loss", "mean abs(sum r_hat - R)", "corr(r_hat, progress gain)",
@@ -325,6 +346,9 @@ def tables(rows):
            "cycles; buffer groups: the share of A's replayed buffer groups holding a success; distinct states:",
            "observations A saw during training (the paper's Appendix E).", "",
            *diagnostics_table(rows, {"main", "ablations", "sweeps"}),
+           "Successful training episodes per task type, summed over the run: A's own rollouts / episodes of the",
+           "buffer groups replayed to A (mean over seeds). Which kinds of task the explorer brings successes on.", "",
+           *wins_table(rows, {"main", "ablations", "sweeps"}),
            "The learned progress estimator (tiny backbone; 64 episodes of the initial policy + 256 of the",
            "expert with half its actions random; 20 % held out):", "", *estimator_table(rows),
            "## Equal total cost (RSPO+GRPO vs GRPO run longer)", "",
@@ -427,10 +451,12 @@ def report():
     print(f"{len(rows)} runs -> results/final.csv, results/tables.md, results/*.png")
 
 
-def same_metrics(a, b):
-    """Metrics equal except wall-clock times (compared as JSON, so NaN equals NaN)."""
-    strip = lambda rs: [json.dumps({k: v for k, v in r.items() if not k.startswith("time/")}) for r in rs]
-    return strip(a) == strip(b)
+def same_metrics(rerun, committed):
+    """Every committed metric comes back: the same records, each committed value (wall-clock times aside)
+    equal in the rerun, compared as JSON so NaN equals NaN. A rerun may log more keys (a newer trainer)."""
+    return len(rerun) == len(committed) and all(
+        k in new and json.dumps(new[k]) == json.dumps(v)
+        for new, old in zip(rerun, committed) for k, v in old.items() if not k.startswith("time/"))
 
 
 def verify(paths):
