@@ -275,6 +275,13 @@ def diagnostics_table(rows, experiments):
     return table(head, lines)
 
 
+def win_count(row, who, kind):
+    """A run's successful episodes of task type `kind` ("train": A's own, "buffer": replayed): 0 for a type
+    it never won, NaN ("–") when it has no such counts at all (no buffer without RSPO)."""
+    has = any(c.startswith(f"{who}/wins/") for c in row)
+    return row.get(f"{who}/wins/{kind}", 0 if has else float("nan"))
+
+
 def wins_table(rows, experiments):
     """Successful training episodes per task type over the whole run: A's own rollouts / the buffer groups
     replayed to A (mean over seeds; runs logged before rspo.py counted them are left out)."""
@@ -285,9 +292,7 @@ def wins_table(rows, experiments):
         types = sorted({c.split("/")[-1] for (e, _, _), rs in sel.items() if e == env for r in rs for c in r
                         if "/wins/" in c})
         head = ["algo", "method", "n", *[t.replace("_", " ") for t in types]]
-        def count(r, who, t):   # 0: a type never won; NaN ("–"): no such counts (no buffer without RSPO)
-            return r.get(f"{who}/wins/{t}", 0 if any(c.startswith(f"{who}/wins/") for c in r) else float("nan"))
-        lines = [[algo, method, str(len(rs)), *[" / ".join(num([count(r, who, t) for r in rs])
+        lines = [[algo, method, str(len(rs)), *[" / ".join(num([win_count(r, who, t) for r in rs])
                                                           for who in ("train", "buffer")) for t in types]]
                  for (e, algo, method), rs in sel.items() if e == env]
         out += [f"### {env}", "", *table(head, lines)]
