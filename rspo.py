@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import os
 import random
 import re
@@ -28,6 +29,7 @@ import string
 import sys
 import time
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -60,7 +62,8 @@ def build_parser():
       help="rspo: the reward-swap cycle; outcome/dense: train A alone on that reward")
     # RSPO
     a("--k", type=int, default=3, help="updates of B, then of A, per RSPO cycle")
-    a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m)")
+    a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m); "
+      "on average over updates when alpha x --num-groups is fractional")
     a("--buffer-sampling", default="reward", choices=["reward", "variance", "random"],
       help="which buffer groups A replays first")
     a("--buffer-source", default="explorer", choices=["explorer", "self"],
@@ -190,12 +193,8 @@ def validate(cfg):
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if cfg.prm_model == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
-    m = round(cfg.alpha * cfg.num_groups) if cfg.reward == "rspo" else 0
-    if cfg.reward == "rspo" and cfg.alpha > 0 and m == 0:
-        raise ConfigError(f"--alpha {cfg.alpha} x --num-groups {cfg.num_groups} rounds to 0 buffer groups")
-    if m >= cfg.num_groups:
+    if cfg.reward == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
         raise ConfigError("--alpha leaves no on-policy group")
-    cfg.buffer_groups, cfg.onpolicy_groups = m, cfg.num_groups - m
     return cfg
 
 
@@ -306,6 +305,15 @@ def value_loss(values, old_values, returns, clip):
     """PPO's clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), mean."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2).mean()
+
+
+def replay_groups(alpha, num_groups, update):
+    """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
+    PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
+    alpha N is whole, and alpha N on average when it is not (alpha = 1/16 with N = 8: one group every other
+    update, from the first), so a small alpha needs no bigger batch. Exact fractions: no float rounding."""
+    share = Fraction(alpha).limit_denominator(10 ** 6) * num_groups
+    return math.ceil(share * update) - math.ceil(share * (update - 1))
 
 
 def outcome_rewards(num_steps, won, invalid, scale=10.0, penalty=0.1):
@@ -1206,7 +1214,7 @@ def train(cfg, policy, log):
     if dense.estimator is not None:
         totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
     seen_states, wins = set(), {}
-    ordered, previous_own, last_explorer, pending = [], [], {}, []
+    ordered, previous_own, last_explorer, pending, replayed = [], [], {}, [], 0
     record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **totals}
     log(record)
     bar = tqdm(range(1, cfg.updates + 1), disable=not cfg.progress, desc=f"{cfg.reward}+{cfg.algo}")
@@ -1222,21 +1230,22 @@ def train(cfg, policy, log):
                 totals["updates/B"] += cfg.k
             else:  # RSPO_H: A's own rollouts of the previous cycle, with A's log-probs at the time
                 buffer, last_explorer = previous_own, {}
-            ordered, previous_own = (order_buffer(buffer, cfg, generator) if buffer else []), []
+            ordered, previous_own, replayed = (order_buffer(buffer, cfg, generator) if buffer else []), [], 0
             totals["time/B_seconds"] += time.time() - t0
         t1 = time.time()
-        trajs = rollout(policy, cfg, rng.integers(0, cfg.train_tasks, cfg.onpolicy_groups))
+        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" else 0
+        trajs = rollout(policy, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
         attach_training_rewards(trajs, "dense" if cfg.reward == "dense" else "outcome", cfg, dense)
         stats = rollout_stats(trajs, "train")
         stats["train/outcome_return"] = float(np.mean([cfg.reward_scale * t.won for t in trajs]))
         seen_states.update(s.obs for t in trajs for s in t.steps)
         batch = list(trajs)
-        replay = [ordered[(cycle_pos * cfg.buffer_groups + j) % len(ordered)] for j in range(cfg.buffer_groups)] \
-            if ordered else []
+        replay = [ordered[(replayed + j) % len(ordered)] for j in range(m)] if ordered else []
+        replayed += m
         count_wins(wins, trajs, "train")
         count_wins(wins, [t for g in replay for t in g], "buffer")
         for j, group in enumerate(replay):
-            batch += [replace(t, group=cfg.onpolicy_groups + j) for t in group]
+            batch += [replace(t, group=cfg.num_groups - m + j) for t in group]
         stats.update(update(policy, optimizer, batch, cfg, generator, ref))
         if cfg.reward == "rspo" and cfg.buffer_source == "self":
             previous_own += [replace(t, group=cycle_pos * cfg.num_groups + t.group) for t in trajs]

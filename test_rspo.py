@@ -178,6 +178,16 @@ def test_count_wins_keeps_running_totals_per_task_type():
     assert counts == {"train/wins/heat": 2, "train/wins/look": 2, "buffer/wins/clean": 0}
 
 
+def test_replay_groups_schedule():
+    # m_u = ceil(alpha N u) - ceil(alpha N (u - 1)), by hand for u = 1, 2, ...
+    assert [rspo.replay_groups(0.125, 8, u) for u in range(1, 5)] == [1, 1, 1, 1]   # the paper's 2 of 16
+    assert [rspo.replay_groups(0.0625, 8, u) for u in range(1, 7)] == [1, 0, 1, 0, 1, 0]
+    assert [rspo.replay_groups(0.3, 8, u) for u in range(1, 6)] == [3, 2, 3, 2, 2]   # 2.4 a batch
+    # 0.1 x 8 x 5 is 4.000000000000001 in floats; the exact schedule replays 4 groups in 5 updates
+    assert [rspo.replay_groups(0.1, 8, u) for u in range(1, 6)] == [1, 1, 1, 1, 0]
+    assert rspo.replay_groups(0.0, 8, 1) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Policy wrapper: tokenizer, constrained decoding, log-probs
 
@@ -292,6 +302,22 @@ def test_ablations_run(tmp_path):
     assert h[-1]["env_steps/B"] == 0 and "buffer/success" in h[-1]   # RSPO_H replays A's own rollouts
     o = run(tmp_path / "o", "--explorer-reward", "outcome", "--buffer-sampling", "variance")
     assert o[-1]["env_steps/B"] > 0
+
+
+def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, monkeypatch):
+    batches, real_update = [], rspo.update
+
+    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
+        groups = {t.group: t.steps[0].behav_logp is not None for t in trajs}
+        batches.append((len(groups), sum(groups.values())))
+        return real_update(policy, optimizer, trajs, cfg, generator, ref)
+    monkeypatch.setattr(rspo, "update", spy)
+    records = run(tmp_path, "--alpha", "0.125", "--k", "2", "--updates", "4")   # alpha N = 1/2
+    # per cycle: B's 2 updates on 4 fresh groups, then A's 2 on 4 groups of which 1, then 0, from the buffer
+    assert batches == [(4, 0), (4, 0), (4, 1), (4, 0)] * 2
+    assert ["buffer/success" in r for r in records[1:]] == [True, False, True, False]
+    with pytest.raises(rspo.ConfigError, match="leaves no on-policy group"):
+        rspo.validate(rspo.build_parser().parse_args(["--num-groups", "4", "--alpha", "0.8"]))
 
 
 def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):

@@ -60,9 +60,10 @@ METHODS = {
     "rspo_sampling_random": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "random"],
     "rspo_h": ["--reward", "rspo", "--buffer-source", "self"],
     "rspo_o": ["--reward", "rspo", "--explorer-reward", "outcome"],
-    # The paper's alpha = 1/16 is left out: with 8 groups per update it is half a buffer group (rspo.py
-    # refuses alpha * groups < 1); it needs >= 16 groups per update, a different batch from every other run.
-    **{f"rspo_alpha{a}": ["--reward", "rspo", *LEARNED, "--alpha", str(a)] for a in (0.25, 0.5)},
+    # alpha = 1/16 is half a buffer group in our 8-group batch: rspo.py replays one every other update.
+    # alpha = 0 is a control, not a setting: B runs but nothing is replayed, so A is GRPO drawing its tasks
+    # and samples from RSPO's random stream; its gap to GRPO is the noise every RSPO variant carries.
+    **{f"rspo_alpha{a}": ["--reward", "rspo", *LEARNED, "--alpha", str(a)] for a in (0, 0.0625, 0.25, 0.5)},
     **{f"rspo_k{k}": ["--reward", "rspo", *LEARNED, "--k", str(k)] for k in (1, 5, 10)},
     **{f"rspo_noise{s}": ["--reward", "rspo", *LEARNED, "--dense-noise", str(s)] for s in (0.1, 0.3)},
 }
@@ -73,7 +74,7 @@ EXPERIMENTS = {
     "dense": (["dense"], ["grpo"], ["alfworld", "webshop"]),
     "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
     "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
-    "sweeps": (["rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
+    "sweeps": (["rspo_alpha0", "rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
                 "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["alfworld"]),
 }
 
