@@ -268,6 +268,19 @@ def run(tmp_path, *args):
     return rspo.main([*TINY, "--output-dir", str(tmp_path), *args])
 
 
+@pytest.fixture
+def update_calls(monkeypatch):
+    """Every batch rspo.update receives (B's and A's, in order), with one flag per step: did it arrive with
+    behaviour log-probs, i.e. from the buffer? Read at the call: update fills them in for on-policy steps."""
+    calls, real_update = [], rspo.update
+
+    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
+        calls.append((trajs, [s.behav_logp is not None for t in trajs for s in t.steps]))
+        return real_update(policy, optimizer, trajs, cfg, generator, ref)
+    monkeypatch.setattr(rspo, "update", spy)
+    return calls
+
+
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "gigpo"])
 @pytest.mark.parametrize("reward", ["rspo", "outcome", "dense"])
@@ -304,15 +317,12 @@ def test_ablations_run(tmp_path):
     assert o[-1]["env_steps/B"] > 0
 
 
-def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, monkeypatch):
-    batches, real_update = [], rspo.update
-
-    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
-        groups = {t.group: t.steps[0].behav_logp is not None for t in trajs}
-        batches.append((len(groups), sum(groups.values())))
-        return real_update(policy, optimizer, trajs, cfg, generator, ref)
-    monkeypatch.setattr(rspo, "update", spy)
+def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, update_calls):
     records = run(tmp_path, "--alpha", "0.125", "--k", "2", "--updates", "4")   # alpha N = 1/2
+    batches = []   # per update: (groups in the batch, groups from the buffer)
+    for trajs, from_buffer in update_calls:
+        step_groups = [t.group for t in trajs for _ in t.steps]
+        batches.append((len(set(step_groups)), len({g for g, b in zip(step_groups, from_buffer) if b})))
     # per cycle: B's 2 updates on 4 fresh groups, then A's 2 on 4 groups of which 1, then 0, from the buffer
     assert batches == [(4, 0), (4, 0), (4, 1), (4, 0)] * 2
     assert ["buffer/success" in r for r in records[1:]] == [True, False, True, False]
@@ -492,24 +502,16 @@ SMOL_RUN = ["--num-groups", "2", "--group-size", "2", "--alpha", "0.5", "--k", "
     ("alfworld", ["--env-options", '{"num_receptacles": 3, "num_distractors": 0}', "--no-save-model"]),
     ("webshop", ["--save-model"]),
 ])
-def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, env, extra, tmp_path, monkeypatch):
+def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, env, extra, tmp_path, update_calls):
     """Explorer update, reward swap, A's mixed update: with a real chat model, its template and EOS."""
     lm, tok = smollm2
     model = copy.deepcopy(lm)
-    updates = []   # per call of update (B's, then A's): the batch, and which steps came with behaviour log-probs
-    real_update = rspo.update
-
-    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
-        updates.append((trajs, [s.behav_logp is not None for t in trajs for s in t.steps]))
-        return real_update(policy, optimizer, trajs, cfg, generator, ref)
-
-    monkeypatch.setattr(rspo, "update", spy)
     records = rspo.main([*SMOL_RUN, "--model", SMOLLM2, "--env", env, *extra, "--output-dir", str(tmp_path)],
                         pretrained=(model, tok))
     last = records[-1]
     assert last["updates/A"] == 1 and last["updates/B"] == 1 and last["env_steps/B"] > 0
     assert "buffer/success" in last and math.isfinite(last["losses/policy_loss"]) and last["losses/grad_norm"] > 0
-    (b_batch, _), (a_batch, replayed) = updates
+    (b_batch, _), (a_batch, replayed) = update_calls
     stops = rspo.stop_token_ids(tok, model.generation_config)
     steps = [s for t in b_batch + a_batch for s in t.steps]
     for s in steps:   # verl-agent's prompt in the chat template; the response cut at the first end of turn
@@ -542,27 +544,19 @@ def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, env, extra, tmp_path, 
         assert torch.equal(again.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
-def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, monkeypatch):
+def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, update_calls):
     """Game files written from offline layouts, played by the real engine through --backend real."""
     pytest.importorskip("alfworld")
     games = tmp_path / "games"
     for i in range(3):
         envs.write_game_file(envs.generate_layout("train", i, num_receptacles=4), str(games / f"g{i}" / "game.tw-pddl"))
-    batches = []
-    real_update = rspo.update
-
-    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
-        batches.append(trajs)
-        return real_update(policy, optimizer, trajs, cfg, generator, ref)
-
-    monkeypatch.setattr(rspo, "update", spy)
     records = run(tmp_path / "run", "--backend", "real", "--env-options", json.dumps({"game_files": str(games)}),
                   "--ent-coef", "0.01")   # the entropy bonus: a gradient even when no episode succeeds
     last = records[-1]
     assert last["updates/A"] == 2 and last["updates/B"] == 2 and last["env_steps/B"] > 0
     assert math.isfinite(last["losses/policy_loss"]) and "eval/success" in last and "buffer/success" in last
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train_tasks"] == 3
-    steps = [s for trajs in batches for t in trajs for s in t.steps]
+    steps = [s for trajs, _ in update_calls for t in trajs for s in t.steps]
     assert any("Welcome to TextWorld, ALFRED!" in s.obs for s in steps)    # the real engine's text
     assert all(s.action in s.admissible for s in steps)                    # its admissible commands
     assert last["losses/grad_norm"] > 0
