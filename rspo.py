@@ -25,10 +25,12 @@ import math
 import os
 import random
 import re
+import shutil
 import string
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -101,6 +103,8 @@ def build_parser():
     a("--generation-batch-size", type=int, default=128,
       help="prompts per generate call (bounds the KV cache; large batches keep a GPU busy)")
     a("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon")
+    a("--clip-ratio-c", type=float, default=3.0,
+      help="dual-clip bound for negative advantages (verl's clip_ratio_c): the ratio to pi_old counts at most c")
     a("--beta", type=float, default=0.0, help="KL coefficient to a frozen reference (k3 / low_var_kl)")
     a("--ent-coef", type=float, default=0.0, help="entropy bonus coefficient")
     a("--max-grad-norm", type=float, default=1.0, help="gradient-norm clip")
@@ -140,6 +144,11 @@ def build_parser():
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
     a("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model; OpenMP threads contend on busy cores)")
     a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
+    a("--overwrite", action="store_true", help="replace the run already in --output-dir")
+    a("--resume", action="store_true",
+      help="continue the run in --output-dir from its latest checkpoint (or start it if the directory holds no run)")
+    a("--save-every", type=int, default=0,
+      help="checkpoint every N updates of A into <output-dir>/checkpoint/ (0: never); checkpoints never change results")
     a("--save-model", action=argparse.BooleanOptionalAction, default=True, help="save_pretrained at the end")
     a("--progress", action=argparse.BooleanOptionalAction, default=None, help="tqdm bar (default: if a tty)")
     return p
@@ -162,6 +171,21 @@ def validate(cfg):
         (cfg.generation_batch_size >= 1, "--generation-batch-size must be >= 1"),
         (cfg.temperature > 0 and cfg.eval_temperature >= 0, "temperatures must be positive"),
         (cfg.clip_eps > 0, "--clip-eps must be > 0"),
+        (cfg.clip_ratio_c > 1, "--clip-ratio-c must be > 1"),
+        (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
+        (cfg.threads >= 0, "--threads must be >= 0 (0: torch's default)"),
+        (cfg.lr is None or cfg.lr > 0, "--lr must be > 0"),
+        (cfg.prm_lr is None or cfg.prm_lr > 0, "--prm-lr must be > 0"),
+        (cfg.max_grad_norm > 0, "--max-grad-norm must be > 0"),
+        (cfg.beta >= 0, "--beta must be >= 0"),
+        (cfg.ent_coef >= 0 and cfg.vf_coef >= 0 and cfg.vf_clip > 0,
+         "--ent-coef and --vf-coef must be >= 0 and --vf-clip > 0"),
+        (cfg.eval_every >= 0, "--eval-every must be >= 0"),
+        (cfg.reward_scale > 0, "--reward-scale must be > 0"),
+        (cfg.invalid_penalty >= 0, "--invalid-penalty must be >= 0"),
+        (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+        (cfg.save_every >= 0, "--save-every must be >= 0"),
+        (not (cfg.overwrite and cfg.resume), "--overwrite and --resume exclude each other"),
         (cfg.max_steps >= 1, "--max-steps must be >= 1"),
         (cfg.history >= 0, "--history must be >= 0"),
         (cfg.eval_episodes >= 1, "--eval-episodes must be >= 1"),
@@ -186,10 +210,15 @@ def validate(cfg):
         raise ConfigError(f"--env-options is not valid JSON: {e}") from None
     if not isinstance(cfg.env_options, dict):
         raise ConfigError("--env-options must be a JSON object")
+    # A tiny model (built here, or saved by this script and passed back as --model DIR) reads the compact
+    # prompt and decodes constrained by default; a pretrained chat model reads verl-agent's full prompt.
+    saved = saved_settings(cfg.model) if cfg.model != "tiny" else {}
+    cfg.prompt = "compact" if cfg.model == "tiny" else saved.get("prompt", "full")
     if cfg.action_mode == "auto":
-        cfg.action_mode = "constrained" if cfg.model == "tiny" else "generate"
+        cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
     if cfg.lr is None:
-        cfg.lr = 1e-3 if cfg.model == "tiny" else 1e-6
+        cfg.lr = saved.get("lr", 1e-3 if cfg.prompt == "compact" else 1e-6)
+    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}")
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if cfg.prm_model == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
@@ -280,24 +309,28 @@ def gae_advantages(rewards, values, traj_ids, gamma, lam):
 
 def kl_k3(logp, ref_logp):
     """k3 estimator of KL(pi || pi_ref) per token (Schulman 2020; verl's low_var_kl): exp(d) - d - 1,
-    d = log pi_ref - log pi. Non-negative, 0 where the two agree."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
+    d = log pi_ref - log pi. Non-negative, 0 where the two agree. As verl: d clamped to [-20, 20] and the
+    estimate to [0, 10], so one token the reference finds impossible cannot dominate the loss."""
+    d = (ref_logp - logp).clamp(-20, 20)
+    return (torch.exp(d) - d - 1).clamp(max=10)
 
 
-def policy_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2):
+def policy_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
     """RSPO's clipped surrogate (PAPER: off-policy clip centre), token-mean over mask.
 
     rho = pi_theta / pi_behav, clip centre c = pi_theta_old / pi_behav,
-    L = -min(rho * A, clip(rho, c - eps, c + eps) * A).
+    L = -min(rho * A, clip(rho, c - eps, c + eps) * A), and for A < 0 verl's dual clip (Ye et al. 2020,
+    arXiv 1912.09729, eq. 5): L = min(L, -clip_ratio_c * c * A), i.e. pi_theta / pi_theta_old counts at most
+    clip_ratio_c (the factor c carries the bound into the off-policy frame: inferred, the paper is silent).
     On-policy tokens pass behav_logp = old_logp, so c = 1 and this is PPO's clip (Schulman et al. 2017,
-    eq. 7); buffer tokens pass the explorer B's log-probs. advantages broadcast over tokens.
-    Returns (loss, clip fraction)."""
+    eq. 7) with verl's dual clip; buffer tokens pass the explorer B's log-probs. advantages broadcast over
+    tokens. Returns (loss, clip fraction: the share of tokens where the clipped branch is the one taken, as verl)."""
     ratio = torch.exp(logp - behav_logp)
     centre = torch.exp(old_logp - behav_logp)
     clipped = torch.maximum(torch.minimum(ratio, centre + clip_eps), centre - clip_eps)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
-    clipfrac = masked_mean(((ratio - centre).abs() > clip_eps).float(), mask)
+    surrogate = torch.where(advantages < 0, torch.maximum(surrogate, clip_ratio_c * centre * advantages), surrogate)
+    clipfrac = masked_mean((clipped * advantages < ratio * advantages).float(), mask)
     return -masked_mean(surrogate, mask), clipfrac
 
 
@@ -466,48 +499,80 @@ def build_tiny_model(vocab_size, tok, seed):
     return AutoModelForCausalLM.from_config(config)
 
 
-def load_pretrained(name, dtype):
-    """Any causal LM id or local path; a .gguf file loads through transformers' gguf support."""
+def saved_settings(model):
+    """How a model saved by this script was trained (model/rspo.json: prompt, action mode, lr), or {}: a saved
+    tiny model passed back as --model DIR is run the way it learned."""
+    path = os.path.join(os.path.expanduser(model), "rspo.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_pretrained(name, dtype, flag="--model"):
+    """Any causal LM id or local path; a .gguf file loads through transformers' gguf support. A directory this
+    script saved a tiny model into reloads its word-level tokenizer as it was saved. flag: named in errors."""
     kwargs = {"dtype": dtype}
     path = name
     if name.endswith(".gguf"):
         if not os.path.isfile(name):
-            raise ConfigError(f"--model {name}: no such file")
+            raise ConfigError(f"{flag} {name}: no such file")
         try:
             import accelerate  # noqa: F401
             import gguf  # noqa: F401
         except ImportError:
-            raise ConfigError(f"--model {name}: loading a .gguf file needs `pip install gguf accelerate`") from None
+            raise ConfigError(f"{flag} {name}: loading a .gguf file needs `pip install gguf accelerate`") from None
         path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name)), os.path.basename(name)
     elif name.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(name)):
-        raise ConfigError(f"--model {name}: no such directory")
-    from transformers import AutoModelForCausalLM, AutoTokenizer   # after HF_HUB_OFFLINE is set (read at import)
+        raise ConfigError(f"{flag} {name}: no such directory")
+    # after HF_HUB_OFFLINE is set (read at import)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    tokenizer = PreTrainedTokenizerFast if saved_settings(name).get("prompt") == "compact" else AutoTokenizer
     try:
-        tok = AutoTokenizer.from_pretrained(path, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+        tok = tokenizer.from_pretrained(path, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, ImportError) as e:
         if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off"):
-            raise ConfigError(f"--model {name}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+            raise ConfigError(f"{flag} {name}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                               f"download it first (`hf download {name}`) or pass a local directory") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--model {name}: cannot load: {first}") from None
+        raise ConfigError(f"{flag} {name}: cannot load: {first}") from None
     if "gguf_file" in kwargs:   # dequantized to `dtype` on load: a plain model from here on, so save_pretrained works
         model.hf_quantizer, model.is_quantized = None, False
         del model.config.quantization_config
-    if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
-        # A pad distinct from EOS, so response masks never confuse padding with a real EOS.
-        tok.add_special_tokens({"pad_token": "<|rspo_pad|>"})
-        model.resize_token_embeddings(len(tok))
+    distinct_pad(model, tok)
     tok.padding_side = "left"
     return model, tok
 
 
+def distinct_pad(model, tok):
+    """Give the tokenizer a pad token that is no end-of-turn id (adding one when needed), so every end of turn
+    stops a response and response masks never confuse padding with a real stop. Qwen2.5-Instruct pads with
+    <|endoftext|>, which its generation_config also lists as an end of turn; many checkpoints pad with EOS."""
+    if tok.pad_token is None or tok.pad_token_id in stop_token_ids(tok, model.generation_config):
+        tok.add_special_tokens({"pad_token": "<|rspo_pad|>"})
+        model.resize_token_embeddings(len(tok))
+
+
 def stop_token_ids(tok, generation_config):
     """Ids that end a response: the tokenizer's EOS plus the checkpoint's generation_config EOS ids
-    (a chat model's end of turn: e.g. Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>)."""
+    (a chat model's end of turn: e.g. Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>). Every one stops."""
     extra = generation_config.eos_token_id
     extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
-    return sorted({tok.eos_token_id, *extra} - {tok.pad_token_id})
+    return sorted({tok.eos_token_id, *extra} - {None})
+
+
+@contextlib.contextmanager
+def without_checkpoint_sampling(lm):
+    """generate fills every GenerationConfig field left None from the checkpoint's generation_config (e.g.
+    Qwen2.5-Instruct's top_k 20, top_p 0.8, repetition_penalty 1.1, or a min_p): set it aside during the call,
+    so only the fields Policy.generate sets apply."""
+    from transformers import GenerationConfig
+    saved, lm.generation_config = lm.generation_config, GenerationConfig()
+    try:
+        yield
+    finally:
+        lm.generation_config = saved
 
 
 def cut_response(row, stop_ids):
@@ -534,16 +599,35 @@ class Agent(nn.Module):
         return self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                   use_cache=False).last_hidden_state
 
+    def logits(self, hidden):
+        """The output layer on chosen positions' hidden states (check_logits_path: the model's own logits)."""
+        return self.lm.get_output_embeddings()(hidden)
+
+
+def check_logits_path(agent, name):
+    """The update computes logits as the output layer on the final hidden state, at response positions only
+    (full-vocabulary logits at every prompt token would not fit in memory). Refuse a model whose forward does
+    more than that (e.g. Gemma-2's logit soft-capping), whose sampled and learned distributions would differ."""
+    ids = torch.arange(min(8, agent.lm.config.vocab_size), device=agent.lm.device).unsqueeze(0)
+    with torch.no_grad():
+        own = agent.lm(input_ids=ids, use_cache=False).logits.float()
+        ours = agent.logits(agent.hidden(ids, torch.ones_like(ids))).float()
+    if not torch.allclose(own, ours, rtol=1e-4, atol=1e-4):
+        raise ConfigError(f"--model {name}: its logits are not its output layer applied to the last hidden state "
+                          "(e.g. Gemma-2's soft-capping), which is how rspo.py scores responses")
+
 
 class Policy:
     """Tokenizer + Agent + decoding. Knows how to render prompts and turn states into actions."""
 
     def __init__(self, agent, tok, cfg, device):
         self.agent, self.tok, self.cfg, self.device = agent, tok, cfg, device
-        self.compact = cfg.model == "tiny"
+        self.compact = cfg.prompt == "compact"
         self.constrained = cfg.action_mode == "constrained"
         self.amp_dtype = autocast_dtype(cfg.dtype, device)
         self.stop_ids = stop_token_ids(tok, agent.lm.generation_config)
+        if tok.pad_token_id in self.stop_ids:
+            raise ValueError("the pad token is an end-of-turn id: give the tokenizer a distinct one (distinct_pad)")
         self._action_ids = {}
 
     def autocast(self):
@@ -613,12 +697,15 @@ class Policy:
 
         max_new = (max(len(self.action_ids(a)) for adm in admissibles for a in adm) + 1
                    if self.constrained else self.cfg.max_new_tokens)
-        # A full config: no top-k/top-p/repetition penalty from the checkpoint may bend the distribution
-        # that the update's log-probs assume. Every end-of-turn id stops; padding uses the distinct pad.
-        gen = GenerationConfig(do_sample=not greedy, temperature=None if greedy else temperature, top_k=None,
-                               top_p=None, max_new_tokens=max_new, pad_token_id=self.tok.pad_token_id,
-                               eos_token_id=self.stop_ids)
-        with self.autocast():
+        # Sampler = learner: only the temperature shapes the sampled distribution, the one the update's
+        # log-probs assume. Every sampling field is set to its neutral value, and the checkpoint's own
+        # defaults are set aside (without_checkpoint_sampling). Every end-of-turn id stops; padding uses the
+        # distinct pad.
+        neutral = dict(top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+        gen = GenerationConfig(do_sample=not greedy, **({} if greedy else {"temperature": temperature, **neutral}),
+                               repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
+                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.stop_ids)
+        with self.autocast(), without_checkpoint_sampling(self.agent.lm):
             out = self.agent.lm.generate(**enc, generation_config=gen,
                                          prefix_allowed_tokens_fn=allowed if self.constrained else None)
         results = []
@@ -666,7 +753,7 @@ class Policy:
         with self.autocast():
             h = self.agent.hidden(ids, attn)
             h_resp = torch.gather(h, 1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-            logits = self.agent.lm.get_output_embeddings()(h_resp)
+            logits = self.agent.logits(h_resp)
         logits = logits.float() / temperature
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
@@ -892,24 +979,31 @@ def load_saved_estimator(cfg):
     return saved
 
 
-def build_dense_source(policy, cfg):
-    """--dense-reward env: the env's values (plus noise). learned: build the estimator, collect the
-    initial policy's rollouts (--prm-warmup-episodes) and the noisy expert's episodes
-    (--prm-expert-episodes), fit it for --prm-epochs -- or load that fit from --prm-path. The fit draws
-    from its own RNG streams, so fitting and loading leave training identical.
-    Returns (DenseSource, stats, env steps, seconds), the last two being the fit's cost."""
+def dense_source(policy, cfg):
+    """--dense-reward env: the env's values (plus noise). learned: a progress estimator on its own backbone
+    (--prm-model, own seeded weights) with its Adam, not fitted yet (fit_dense_source)."""
     dense = DenseSource(np.random.default_rng(cfg.seed + 20_000))
-    if cfg.dense_reward == "env":
-        return dense, {}, 0, 0.0
-    lm, tok = build_lm(cfg.prm_model, cfg, cfg.seed + 1)   # own weights
-    dense.estimator = ProgressEstimator(lm, tok, policy.tok, cfg.prm_freeze).to(policy.device)
-    dense.optimizer = torch.optim.Adam([p for p in dense.estimator.parameters() if p.requires_grad], lr=cfg.prm_lr)
-    dense.train, dense.heldout, dense.sources = [], [], {}
+    if cfg.dense_reward == "learned":
+        lm, tok = build_lm(cfg.prm_model, cfg, cfg.seed + 1, flag="--prm-model")
+        dense.estimator = ProgressEstimator(lm, tok, policy.tok, cfg.prm_freeze).to(policy.device)
+        dense.optimizer = torch.optim.Adam([p for p in dense.estimator.parameters() if p.requires_grad],
+                                           lr=cfg.prm_lr)
+        dense.train, dense.heldout, dense.sources = [], [], {}
+    return dense
+
+
+def fit_dense_source(dense, policy, cfg):
+    """A learned source: collect the initial policy's rollouts (--prm-warmup-episodes) and the noisy expert's
+    episodes (--prm-expert-episodes), fit the estimator for --prm-epochs -- or load that fit from --prm-path.
+    The fit draws from its own RNG streams, so fitting and loading leave training identical.
+    Returns (stats, env steps, seconds), the last two being the fit's cost."""
+    if dense.estimator is None:
+        return {}, 0, 0.0
     saved = load_saved_estimator(cfg)
     if saved is not None:
         dense.estimator.load_state_dict(saved["state"])
         cfg.prm_data = dense.sources = saved["sources"]
-        return dense, saved["stats"], saved["env_steps"], saved["seconds"]
+        return saved["stats"], saved["env_steps"], saved["seconds"]
     start = time.time()
     data_rng = np.random.default_rng(cfg.seed + 30_000)
     collected = []
@@ -933,7 +1027,7 @@ def build_dense_source(policy, cfg):
                     "state": dense.estimator.state_dict(), "sources": dense.sources, "stats": stats,
                     "env_steps": steps, "seconds": seconds}, cfg.prm_path + ".tmp")
         os.replace(cfg.prm_path + ".tmp", cfg.prm_path)   # atomic: a run starting meanwhile never reads half a file
-    return dense, stats, steps, seconds
+    return stats, steps, seconds
 
 
 def refresh_estimator(dense, trajs, cfg, rng, generator):
@@ -1064,6 +1158,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
     lengths = sequence_lengths(steps)
     policy.agent.train()
     stats, n_mb = {}, 0
+    coef = {"losses/policy_loss": 1.0, "losses/entropy": -cfg.ent_coef, "losses/kl": cfg.beta,
+            "losses/value_loss": cfg.vf_coef}
     for _ in range(cfg.epochs):
         perm = torch.randperm(len(steps), generator=generator).tolist()
         for start in range(0, len(steps), cfg.minibatch_size):
@@ -1077,22 +1173,22 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
                 old = _pad([old_logp[i] for i in idx]).to(dev)
                 behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
                 a = adv[idx].to(dev).unsqueeze(1)
-                pg, clipfrac = policy_loss(logp, old, behav, a, mask, cfg.clip_eps)
+                pg, clipfrac = policy_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
                 terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
                          "losses/entropy": masked_mean(ent, mask),
                          "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}
-                loss = pg - cfg.ent_coef * terms["losses/entropy"]
                 if ref_logp is not None:
                     terms["losses/kl"] = masked_mean(kl_k3(logp, _pad([ref_logp[i] for i in idx]).to(dev)), mask)
-                    loss = loss + cfg.beta * terms["losses/kl"]
                 if returns is not None:
                     terms["losses/value_loss"] = value_loss(values, old_values[idx].to(dev),
                                                             returns[idx].to(dev), cfg.vf_clip)
-                    loss = loss + cfg.vf_coef * terms["losses/value_loss"]
-                w = mask.sum().item() / tokens   # token-mean over the whole minibatch
-                (loss * w).backward()
+                # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
+                # value loss (a mean over states), so neither depends on how the minibatch is chunked.
+                share = {k: len(idx) / len(mb) if k == "losses/value_loss" else mask.sum().item() / tokens
+                         for k in terms}
+                sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
                 for k, v in terms.items():
-                    acc[k] = acc.get(k, 0.0) + w * float(v.detach())
+                    acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
             acc["losses/grad_norm"] = float(nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)   # no gradients held between updates (B's phase needs the room)
@@ -1200,72 +1296,167 @@ def offloaded(policy, optimizer, enabled):
         move_training_state(policy.agent, optimizer, policy.device)
 
 
-def train(cfg, policy, log):
-    """A's training loop; with --reward rspo, a B phase starts every k updates of A."""
-    rng = np.random.default_rng(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
+@dataclass
+class TrainState:
+    """What A's training loop carries from one update to the next besides the weights and Adam's state. A
+    checkpoint holds all of it, so a resumed run continues exactly as the uninterrupted one."""
+    rng: np.random.Generator     # which tasks are played (and the estimator's data splits)
+    generator: torch.Generator   # minibatch order and buffer ties
+    totals: dict                 # updates, env steps and seconds of A, B and the estimator
+    update: int = 0              # A's updates done
+    buffer: list = field(default_factory=list)         # this cycle's buffer groups, in replay order
+    replayed: int = 0                                   # buffer groups replayed so far this cycle: the cursor
+    previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
+    last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
+    pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
+    seen_states: set = field(default_factory=set)
+    wins: dict = field(default_factory=dict)
+
+
+def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
+    """A's training loop; with --reward rspo, a B phase starts every k updates of A. Starts with the estimator's
+    fit and an evaluation, or continues a checkpoint (--resume); checkpoints into out_dir every --save-every."""
     ref = None
-    if cfg.beta > 0:
+    if cfg.beta > 0:   # the starting policy, frozen: copied before a checkpoint's weights are loaded
         ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
-    totals = {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
-              "time/A_seconds": 0.0, "time/B_seconds": 0.0}
-    dense, prm_stats, prm_steps, prm_seconds = build_dense_source(policy, cfg)
-    if dense.estimator is not None:
-        totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-    seen_states, wins = set(), {}
-    ordered, previous_own, last_explorer, pending, replayed = [], [], {}, [], 0
-    record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **totals}
-    log(record)
-    bar = tqdm(range(1, cfg.updates + 1), disable=not cfg.progress, desc=f"{cfg.reward}+{cfg.algo}")
+    if checkpoint is None:
+        state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
+                           {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
+                            "time/A_seconds": 0.0, "time/B_seconds": 0.0})
+        prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
+        if dense.estimator is not None:
+            state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
+        record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **state.totals}
+        log(record)
+    else:
+        state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
+    bar = tqdm(range(state.update + 1, cfg.updates + 1), initial=state.update, total=cfg.updates,
+               disable=not cfg.progress, desc=f"{cfg.reward}+{cfg.algo}")
     for u in bar:
         t0 = time.time()
         cycle_pos = (u - 1) % cfg.k
         if cfg.reward == "rspo" and cycle_pos == 0:
             if cfg.buffer_source == "explorer":
                 with offloaded(policy, optimizer, cfg.explorer_offload):
-                    buffer, last_explorer, b_steps = explore(policy, cfg, rng, generator, ref, dense)
+                    buffer, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense)
                 release_memory(policy.device)
-                totals["env_steps/B"] += b_steps
-                totals["updates/B"] += cfg.k
+                state.totals["env_steps/B"] += b_steps
+                state.totals["updates/B"] += cfg.k
             else:  # RSPO_H: A's own rollouts of the previous cycle, with A's log-probs at the time
-                buffer, last_explorer = previous_own, {}
-            ordered, previous_own, replayed = (order_buffer(buffer, cfg, generator) if buffer else []), [], 0
-            totals["time/B_seconds"] += time.time() - t0
+                buffer, state.last_explorer = state.previous_own, {}
+            state.buffer = order_buffer(buffer, cfg, state.generator) if buffer else []
+            state.previous_own, state.replayed = [], 0
+            state.totals["time/B_seconds"] += time.time() - t0
         t1 = time.time()
-        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" else 0
-        trajs = rollout(policy, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
+        # An empty buffer (RSPO_H's first cycle) replays nothing and leaves A its whole on-policy batch.
+        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" and state.buffer else 0
+        trajs = rollout(policy, cfg, state.rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
         attach_training_rewards(trajs, "dense" if cfg.reward == "dense" else "outcome", cfg, dense)
         stats = rollout_stats(trajs, "train")
         stats["train/outcome_return"] = float(np.mean([cfg.reward_scale * t.won for t in trajs]))
-        seen_states.update(s.obs for t in trajs for s in t.steps)
+        state.seen_states.update(s.obs for t in trajs for s in t.steps)
         batch = list(trajs)
-        replay = [ordered[(replayed + j) % len(ordered)] for j in range(m)] if ordered else []
-        replayed += m
-        count_wins(wins, trajs, "train")
-        count_wins(wins, [t for g in replay for t in g], "buffer")
+        replay = [state.buffer[(state.replayed + j) % len(state.buffer)] for j in range(m)]
+        state.replayed += m
+        count_wins(state.wins, trajs, "train")
+        count_wins(state.wins, [t for g in replay for t in g], "buffer")
         for j, group in enumerate(replay):
             batch += [replace(t, group=cfg.num_groups - m + j) for t in group]
-        stats.update(update(policy, optimizer, batch, cfg, generator, ref))
+        stats.update(update(policy, optimizer, batch, cfg, state.generator, ref))
         if cfg.reward == "rspo" and cfg.buffer_source == "self":
-            previous_own += [replace(t, group=cycle_pos * cfg.num_groups + t.group) for t in trajs]
+            state.previous_own += [replace(t, group=cycle_pos * cfg.num_groups + t.group) for t in trajs]
         if dense.estimator is not None and cfg.prm_refresh:
-            pending += trajs
+            state.pending += trajs
             if u % cfg.prm_refresh == 0:
                 t2 = time.time()
-                stats.update(refresh_estimator(dense, pending, cfg, rng, generator))
-                pending = []
-                totals["time/prm_seconds"] += time.time() - t2
-        totals["env_steps/A"] += sum(len(t.steps) for t in trajs)
-        totals["updates/A"] = u
-        totals["time/A_seconds"] += time.time() - t1
-        record = {"update": u, **stats, **last_explorer, **(buffer_stats(replay) if replay else {}),
-                  "train/distinct_states": len(seen_states), **dict(sorted(wins.items())), **totals}
+                stats.update(refresh_estimator(dense, state.pending, cfg, state.rng, state.generator))
+                state.pending = []
+                state.totals["time/prm_seconds"] += time.time() - t2
+        state.totals["env_steps/A"] += sum(len(t.steps) for t in trajs)
+        state.totals["updates/A"] = state.update = u
+        state.totals["time/A_seconds"] += time.time() - t1
+        record = {"update": u, **stats, **state.last_explorer, **(buffer_stats(replay) if replay else {}),
+                  "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items())),
+                  **state.totals}
         if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
             record.update(evaluate(policy, cfg))
         log(record)
+        if cfg.save_every and (u % cfg.save_every == 0 or u == cfg.updates):
+            save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record)
         bar.set_postfix(success=f"{stats['train/success']:.2f}", ev=record.get("eval/success", ""))
     return record
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: a run can be stopped at any point and resumed with --resume
+
+CHECKPOINT = os.path.join("checkpoint", "state.pt")
+RUN_CONTROL = ("overwrite", "resume", "save_every", "progress", "output_dir", "prm_data")   # never change results
+
+
+def run_settings(cfg):
+    """The settings that determine a run's results: a resumed run must have the same."""
+    return {k: v for k, v in vars(cfg).items() if k not in RUN_CONTROL}
+
+
+def save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record):
+    """Everything a resumed run needs: the weights with the value head, Adam's state, the estimator with its
+    data and Adam, every RNG stream, the buffer and its cursor, the counters. Written, then renamed over the
+    previous one: a run killed while saving keeps its last complete checkpoint."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    estimator = {} if dense.estimator is None else {
+        "estimator": dense.estimator.state_dict(), "estimator_optimizer": dense.optimizer.state_dict(),
+        "train": dense.train, "heldout": dense.heldout, "sources": dense.sources}
+    torch.save({"settings": run_settings(cfg), "record": record, "agent": policy.agent.state_dict(),
+                "optimizer": optimizer.state_dict(), "state": replace(state, generator=None),
+                "generator": state.generator.get_state(), "noise_rng": dense.noise_rng, **estimator,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(cfg):
+    """--resume: the checkpoint in --output-dir, or None when the directory holds no run yet. Without --resume
+    or --overwrite a directory holding a run is refused, so a new run never replaces an earlier one."""
+    out = cfg.output_dir
+    if not any(os.path.exists(os.path.join(out, f)) for f in ("config.json", "metrics.jsonl")):
+        return None
+    if cfg.overwrite:
+        return None
+    if not cfg.resume:
+        raise ConfigError(f"--output-dir {out} already holds a run: --overwrite replaces it, --resume continues it")
+    path = os.path.join(out, CHECKPOINT)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume: {out} holds a run but no checkpoint (--save-every); --overwrite starts it again")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    saved, now = checkpoint["settings"], run_settings(cfg)
+    diff = [f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)]
+    if diff:
+        raise ConfigError(f"--resume: the run in {out} has other settings: {'; '.join(diff)}")
+    return checkpoint
+
+
+def restore_checkpoint(checkpoint, policy, optimizer, dense, cfg):
+    """Load a checkpoint into the freshly built run; the global torch RNG last, as nothing may draw after it.
+    Returns (TrainState, the last logged record)."""
+    policy.agent.load_state_dict(checkpoint["agent"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    dense.noise_rng = checkpoint["noise_rng"]
+    if dense.estimator is not None:
+        dense.estimator.load_state_dict(checkpoint["estimator"])
+        dense.optimizer.load_state_dict(checkpoint["estimator_optimizer"])
+        dense.train, dense.heldout = checkpoint["train"], checkpoint["heldout"]
+        cfg.prm_data = dense.sources = checkpoint["sources"]
+    state = checkpoint["state"]
+    state.generator = torch.Generator()
+    state.generator.set_state(checkpoint["generator"])
+    torch.set_rng_state(checkpoint["torch_rng"])
+    if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+    return state, checkpoint["record"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1281,14 +1472,23 @@ def own_rng(seed, device):
         yield
 
 
+def mps_available():
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
 def pick_device(name):
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """--device: auto picks cuda -> mps -> cpu; a named device must exist here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+    present = {"cpu": True, "cuda": torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count(),
+               "mps": mps_available()}
+    if not present.get(device.type, False):
+        raise ConfigError(f"--device {name}: no such device on this machine")
+    return device
 
 
 def pick_dtype(name):
@@ -1325,22 +1525,95 @@ def enable_checkpointing(lm):
     enable({"use_reentrant": False})
 
 
-def build_lm(name, cfg, seed):
+def build_lm(name, cfg, seed, flag="--model"):
     """(causal LM, tokenizer): 'tiny' built offline from `seed`, or any HF id / local path / .gguf file."""
     if name == "tiny":
         tok = build_tiny_tokenizer(tiny_vocabulary(cfg.env, cfg.backend, cfg.env_options))
         return build_tiny_model(len(tok), tok, seed), tok
-    return load_pretrained(name, pick_dtype(cfg.dtype))
+    return load_pretrained(name, pick_dtype(cfg.dtype), flag)
 
 
 def build_policy(cfg, device, pretrained=None):
-    """The policy A. pretrained: an already loaded (model, tokenizer) to use instead of loading --model
-    (tests load a real model once and train copies of it)."""
+    """The policy A, with the value head saved next to --model DIR when there is one. pretrained: an already
+    loaded (model, tokenizer) to use instead of loading --model (tests load a real model once and train copies)."""
     lm, tok = pretrained if pretrained is not None else build_lm(cfg.model, cfg, cfg.seed)
     if cfg.gradient_checkpointing:
         enable_checkpointing(lm)
     torch.manual_seed(cfg.seed)
-    return Policy(Agent(lm).to(device), tok, cfg, device)
+    agent = Agent(lm)
+    value_head = os.path.join(os.path.expanduser(cfg.model), "value_head.pt")
+    if pretrained is None and os.path.isfile(value_head):
+        agent.value_head.load_state_dict(torch.load(value_head, map_location="cpu"))
+    agent.to(device)
+    check_logits_path(agent, cfg.model)
+    return Policy(agent, tok, cfg, device)
+
+
+def save_model(policy, cfg, path):
+    """save_pretrained with the tokenizer, the value head and rspo.json (the prompt, action mode and lr it
+    learned with, so --model PATH runs it the same way). Written beside `path`, then renamed into place."""
+    tmp, old = path + ".tmp", path + ".old"
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    policy.agent.lm.save_pretrained(tmp)
+    policy.tok.save_pretrained(tmp)
+    torch.save(policy.agent.value_head.state_dict(), os.path.join(tmp, "value_head.pt"))
+    with open(os.path.join(tmp, "rspo.json"), "w") as f:
+        json.dump({"prompt": cfg.prompt, "action_mode": cfg.action_mode, "lr": cfg.lr}, f)
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def git_state():
+    """(commit, whether tracked .py files have uncommitted changes) of the repository rspo.py lives in, or
+    (None, None) outside one: config.json records it, so a committed run can be rerun at its own code."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        def git(*args):
+            return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no", "--", "*.py"))
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+def check_writable(path, flag, directory=True):
+    """A directory (or a file's directory) can be created and written: its nearest existing ancestor is a
+    writable directory, and a directory path is not an existing file. Checked before any work."""
+    if directory and os.path.isfile(path):
+        raise ConfigError(f"{flag} {path}: is a file")
+    parent = os.path.abspath(path if directory else os.path.dirname(os.path.abspath(path)))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ConfigError(f"{flag} {path}: not writable ({parent} is {'read-only' if os.path.isdir(parent) else 'a file'})")
+
+
+def open_run_dir(cfg, checkpoint):
+    """Prepare --output-dir: --overwrite removes the earlier run's files; --resume keeps its metrics up to the
+    checkpoint (a torn last line, from a kill mid-write, is dropped). Returns the kept records."""
+    out = cfg.output_dir
+    if cfg.overwrite:
+        for name in ("config.json", "metrics.jsonl", "learning_curve.png", "checkpoint", "model"):
+            p = os.path.join(out, name)
+            shutil.rmtree(p) if os.path.isdir(p) else os.path.exists(p) and os.remove(p)
+    os.makedirs(out, exist_ok=True)
+    if checkpoint is None:
+        return []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        lines = f.read().splitlines()
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    records = [r for r in records if r["update"] <= checkpoint["record"]["update"]]
+    with open(os.path.join(out, "metrics.jsonl.tmp"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(os.path.join(out, "metrics.jsonl.tmp"), os.path.join(out, "metrics.jsonl"))
+    return records
 
 
 def summary_table(first, last):
@@ -1375,10 +1648,14 @@ def main(argv=None, pretrained=None):
     """The command line. pretrained: see build_policy."""
     parser = build_parser()
     cfg = parser.parse_args(argv)
-    try:
+    try:   # every check before any work, and before the output directory is touched
         validate(cfg)
         probe_env(cfg)
-        load_saved_estimator(cfg)   # a mismatched --prm-path fails here, before any work
+        check_writable(cfg.output_dir, "--output-dir")
+        checkpoint = load_checkpoint(cfg)
+        if cfg.prm_path:
+            check_writable(cfg.prm_path, "--prm-path", directory=False)
+            load_saved_estimator(cfg)   # a mismatched --prm-path fails here
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -1386,35 +1663,33 @@ def main(argv=None, pretrained=None):
             torch.set_num_threads(cfg.threads)
         device = pick_device(cfg.device)
         policy = build_policy(cfg, device, pretrained)
+        dense = dense_source(policy, cfg)
     except ConfigError as e:
         parser.error(str(e))
     if cfg.progress is None:
         cfg.progress = sys.stderr.isatty()
-    name = f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}"
-    out_dir = cfg.output_dir or os.path.join("runs", name)
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = cfg.output_dir
+    records = open_run_dir(cfg, checkpoint)
+    commit, dirty = git_state()
 
     def write_config():   # again at the end: the run adds what the progress estimator was fitted on
         with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump({**vars(cfg), "device": str(device), "command": sys.argv if argv is None else argv}, f,
-                      indent=1)
+            json.dump({**vars(cfg), "device": str(device), "command": sys.argv if argv is None else argv,
+                       "git_commit": commit, "git_dirty": dirty}, f, indent=1)
     write_config()
-    records = []
-    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+    with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
         def log(record):
             records.append(record)
             f.write(json.dumps(record) + "\n")
             f.flush()
         start = time.time()
-        last = train(cfg, policy, log)
+        last = train(cfg, policy, dense, log, checkpoint, out_dir)
     write_config()
-    print(f"{name}: {cfg.updates} updates of A in {time.time() - start:.0f}s, "
+    print(f"{out_dir}: {cfg.updates} updates of A in {time.time() - start:.0f}s, "
           f"env steps A={last['env_steps/A']} B={last['env_steps/B']}")
     print(summary_table(records[0], last))
     if cfg.save_model:
-        policy.agent.lm.save_pretrained(os.path.join(out_dir, "model"))
-        policy.tok.save_pretrained(os.path.join(out_dir, "model"))
-        torch.save(policy.agent.value_head.state_dict(), os.path.join(out_dir, "model", "value_head.pt"))
+        save_model(policy, cfg, os.path.join(out_dir, "model"))
     plot(records, os.path.join(out_dir, "learning_curve.png"))
     return records
 

@@ -97,6 +97,10 @@ def test_kl_k3():
     assert torch.allclose(rspo.kl_k3(T([math.log(0.5)]), T([math.log(0.25)])), T([0.5 + math.log(2) - 1]))
     lp = T([-0.3, -2.0])
     assert torch.equal(rspo.kl_k3(lp, lp), T([0.0, 0.0]))
+    # verl's clamps: d = 12 -> exp(12) - 13 = 162741 -> 10; d = -30 -> d clamped to -20: exp(-20) + 19 -> 10;
+    # d = 2 -> e^2 - 3 = 4.389 (inside the bounds, unchanged)
+    assert torch.allclose(rspo.kl_k3(T([0.0, 0.0, 0.0]), T([12.0, -30.0, 2.0])), T([10.0, 10.0, math.exp(2) - 3]))
+    assert rspo.kl_k3(T([0.0]), T([-12.0])).item() == 10.0   # exp(-12) + 12 - 1 = 11.000006 -> 10
 
 
 def _loss(ratio, adv, centre=1.0, eps=0.2):
@@ -120,6 +124,19 @@ def test_policy_loss_off_policy_clip_centre():
     assert _loss(1.5, -1, centre=2.0) == pytest.approx(1.8)    # min(-1.5, -1.8)
 
 
+def test_policy_loss_dual_clip_for_negative_advantages():
+    # verl's clip_ratio_c = 3: for A < 0 the loss is at most -3 * c * A.
+    assert _loss(5.0, -1) == pytest.approx(3.0)              # min(max(-5, -1.2) ... ) -> 5 capped at 3
+    assert _loss(2.0, -1) == pytest.approx(2.0)              # below the cap: the ordinary clipped loss
+    assert _loss(5.0, +1) == pytest.approx(-1.2)             # positive advantages: no dual clip
+    assert _loss(9.0, -1, centre=2.0) == pytest.approx(6.0)  # off-policy: capped at c * 3 = 6 (rho / c <= 3)
+    assert _loss(5.0, -1, centre=2.0) == pytest.approx(5.0)  # rho / c = 2.5 < 3: not capped
+    behav = math.log(0.2)
+    loss = rspo.policy_loss(T([[behav + math.log(5.0)]]), T([[behav]]), T([[behav]]), T([[-2.0]]), T([[1.0]]),
+                            0.2, clip_ratio_c=4.0)[0]
+    assert loss.item() == pytest.approx(8.0)                 # -4 * 1 * -2
+
+
 def test_policy_loss_token_mean_and_clipfrac():
     logp = torch.log(T([[1.5, 1.0, 9.0], [1.0, 1.0, 1.0]]))
     zeros = torch.zeros(2, 3)
@@ -127,6 +144,11 @@ def test_policy_loss_token_mean_and_clipfrac():
     loss, clipfrac = rspo.policy_loss(logp, zeros, zeros, T([[1.0], [2.0]]), mask, 0.2)
     # tokens: 1.2 (clipped), 1.0, 2.0 -> -(1.2 + 1 + 2) / 3; one of three clipped
     assert loss.item() == pytest.approx(-4.2 / 3)
+    assert clipfrac.item() == pytest.approx(1 / 3)
+    # clipfrac counts where the clipped branch is taken (verl), not where |rho - c| > eps: with A < 0 a ratio of
+    # 1.5 is not clipped (min(-1.5, -1.2) = -1.5), a ratio of 0.5 is (min(-.5, -.8) = -.8).
+    logp = torch.log(T([[1.5, 0.5, 1.0]]))
+    _, clipfrac = rspo.policy_loss(logp, torch.zeros(1, 3), torch.zeros(1, 3), T([[-1.0]]), torch.ones(1, 3), 0.2)
     assert clipfrac.item() == pytest.approx(1 / 3)
 
 
@@ -197,7 +219,8 @@ ACTIONS = ["close fridge 1", "examine cabinet 10", "go to cabinet 1", "go to cab
 
 
 def tiny_policy(mode="constrained", seed=0):
-    cfg = SimpleNamespace(model="tiny", action_mode=mode, max_new_tokens=6, generation_batch_size=128, dtype="auto")
+    cfg = SimpleNamespace(model="tiny", prompt="compact", action_mode=mode, max_new_tokens=6, generation_batch_size=128,
+                          dtype="auto")
     tok = rspo.build_tiny_tokenizer(WORDS)
     return rspo.Policy(rspo.Agent(rspo.build_tiny_model(len(tok), tok, seed)), tok, cfg, torch.device("cpu"))
 
@@ -255,6 +278,91 @@ def test_generate_mode_parses_and_flags_invalid():
     results = policy.act([policy.encode_prompt("task : look")] * 4, [ACTIONS] * 4, 1.0)
     for resp, action, invalid in results:
         assert 1 <= len(resp) <= 6 and invalid   # a random tiny model writes no <think>/<action> tags
+
+
+# Qwen2.5-Instruct's sampling defaults (its generation_config.json), plus a few more a checkpoint may carry:
+# none of them may reach the sampler, or the update's log-probs would not be those of the sampled distribution.
+QWEN_SAMPLING = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05, min_p=0.05,
+                     typical_p=0.9, no_repeat_ngram_size=3)
+
+
+def qwen_defaults(policy):
+    for k, v in QWEN_SAMPLING.items():
+        setattr(policy.agent.lm.generation_config, k, v)
+    return policy
+
+
+def test_generate_mode_samples_the_distribution_the_learner_scores():
+    """Generate mode, a checkpoint with Qwen2.5's sampling defaults: the frequencies of sampled first tokens are
+    the learner's recomputed probabilities at the rollout temperature (top-k 20 / top-p 0.8 would cut the tail)."""
+    torch.manual_seed(0)
+    policy = qwen_defaults(tiny_policy(mode="generate", seed=3))
+    policy.cfg.max_new_tokens = 1
+    with torch.no_grad():   # a far-from-uniform distribution with a long tail
+        policy.agent.lm.get_output_embeddings().weight.mul_(2)
+    prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
+    vocab = range(len(policy.tok))
+    for temperature in (1.0, 0.7):
+        with torch.no_grad():
+            logp = policy.forward([rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in vocab], temperature)[0]
+        probs = logp[:, 0].exp()
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+        assert probs.sort(descending=True).values[20:].sum() > 0.2   # top-k 20 would cut a fifth of the mass
+        n = 4000
+        counts = Counter(resp[0] for resp, _, _ in policy.act([prompt] * n, [None] * n, temperature))
+        for v, p in zip(vocab, probs.tolist()):
+            assert counts[v] / n == pytest.approx(p, abs=0.025), (policy.tok.convert_ids_to_tokens(v), temperature)
+
+
+@pytest.mark.parametrize("mode, temperature, expected", [
+    ("generate", 1.0, []), ("generate", 0.6, ["TemperatureLogitsWarper"]), ("generate", 0.0, []),
+    ("constrained", 0.6, ["PrefixConstrainedLogitsProcessor", "TemperatureLogitsWarper"]),
+])
+def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, expected):
+    policy = qwen_defaults(tiny_policy(mode=mode))
+    lm, built = policy.agent.lm, []
+    real = lm._get_logits_processor
+
+    def spy(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+    monkeypatch.setattr(lm, "_get_logits_processor", spy)
+    policy.act([policy.encode_prompt("task : look")] * 2, [ACTIONS] * 2, temperature)
+    assert [type(p).__name__ for p in built[0]] == expected
+    if temperature not in (0.0, 1.0):
+        assert built[0][-1].temperature == temperature
+    assert lm.generation_config.top_k == 20   # the checkpoint's own config is left as it was
+
+
+def test_every_end_of_turn_stops_even_when_it_is_the_pad(tmp_path):
+    """Qwen2.5-Instruct pads with <|endoftext|>, which its generation_config also lists as an end of turn. Here a
+    tiny checkpoint whose pad is the token it emits first (greedy), also listed as an end of turn: the response
+    must stop right there, and the tokenizer gets a pad of its own."""
+    policy = tiny_policy(mode="generate", seed=1)
+    prompt = policy.encode_prompt("task : look")
+    first = policy.act([prompt], [None], 0.0)[0][0][0]
+    lm, tok = policy.agent.lm, policy.tok
+    tok.pad_token = tok.convert_ids_to_tokens(first)
+    lm.generation_config.eos_token_id = [tok.eos_token_id, first]
+    with pytest.raises(ValueError, match="pad token is an end-of-turn id"):
+        rspo.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
+    rspo.distinct_pad(lm, tok)
+    assert tok.pad_token == "<|rspo_pad|>" and lm.get_input_embeddings().weight.shape[0] == len(tok)
+    policy = rspo.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
+    assert first in policy.stop_ids and tok.pad_token_id not in policy.stop_ids
+    assert policy.act([prompt, prompt[:3]], [None] * 2, 0.0)[0][0] == [first]
+
+
+def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
+    from transformers import AutoModelForCausalLM, Gemma2Config
+    small = dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=8)
+    cfg = SimpleNamespace(model="gemma-2-like", gradient_checkpointing=False, seed=0)
+    capped = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=1.0))
+    with pytest.raises(rspo.ConfigError, match="gemma-2-like: its logits are not its output layer"):
+        rspo.build_policy(cfg, torch.device("cpu"), (capped, None))
+    plain = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=None))
+    rspo.check_logits_path(rspo.Agent(plain), "gemma-2-like")   # the same model without capping passes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +436,108 @@ def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, update_ca
     assert ["buffer/success" in r for r in records[1:]] == [True, False, True, False]
     with pytest.raises(rspo.ConfigError, match="leaves no on-policy group"):
         rspo.validate(rspo.build_parser().parse_args(["--num-groups", "4", "--alpha", "0.8"]))
+
+
+def test_an_empty_buffer_leaves_a_its_whole_batch(tmp_path, update_calls):
+    """RSPO_H's first cycle has no buffer yet: A plays all --num-groups groups, not num_groups - m."""
+    run(tmp_path, "--buffer-source", "self", "--k", "2", "--updates", "4")
+    shapes = []   # per update of A: (own groups, buffer groups)
+    for trajs, from_buffer in update_calls:
+        first_steps = itertools.accumulate([0] + [len(t.steps) for t in trajs[:-1]])
+        replayed = [from_buffer[i] for i in first_steps]
+        shapes.append((len({t.group for t, b in zip(trajs, replayed) if not b}),
+                       len({t.group for t, b in zip(trajs, replayed) if b})))
+    assert shapes == [(4, 0), (4, 0), (3, 1), (3, 1)]
+
+
+def test_ppo_value_loss_does_not_depend_on_the_micro_batch_size(tmp_path):
+    """Gradient accumulation weights each chunk's token-mean terms by its tokens and its value loss by its
+    samples, so the update is the same whatever --micro-batch-size cuts the minibatch into."""
+    runs = [run(tmp_path / str(mb), "--algo", "ppo", "--reward", "dense", "--env", "webshop", "--updates", "1",
+                "--micro-batch-size", str(mb), "--vf-coef", "5") for mb in (64, 1)]
+    a, b = (r[-1] for r in runs)
+    assert a["losses/value_loss"] > 0
+    for k in ("losses/value_loss", "losses/policy_loss", "losses/grad_norm"):
+        assert a[k] == pytest.approx(b[k], rel=1e-4), k
+
+
+def _metrics(path):
+    return _strip_times([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()])
+
+
+def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
+    """PPO (value head, Adam state), a KL reference, an entropy bonus (so A moves even with no success), dense
+    noise, 2 updates of A per cycle, checkpoints every
+    update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
+    cycle 2, then resumed: the metrics are those of the run that was never stopped, and of one that never
+    checkpointed."""
+    args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2", "--updates", "4",
+            "--eval-every", "1"]
+    whole = run(tmp_path / "whole", *args)
+    run(tmp_path / "saving", *args, "--save-every", "1")
+    assert _metrics(tmp_path / "saving") == _strip_times(whole)
+    real_update = rspo.update
+    # update calls: cycle 1 = B's 2 (calls 1, 2), A's updates 1, 2 (calls 3, 4); cycle 2 = B's (5, 6), A's (7, 8)
+    for kill_at in (4, 6):
+        calls = itertools.count(1)
+
+        def dies(*a, **k):
+            if next(calls) == kill_at:
+                raise KeyboardInterrupt
+            return real_update(*a, **k)
+        out = tmp_path / f"killed{kill_at}"
+        monkeypatch.setattr(rspo, "update", dies)
+        with pytest.raises(KeyboardInterrupt):
+            run(out, *args, "--save-every", "1")
+        monkeypatch.setattr(rspo, "update", real_update)
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write('{"update": 9, "torn')   # a line cut off by the kill
+        resumed = run(out, *args, "--save-every", "1", "--resume")
+        assert _metrics(out) == _strip_times(resumed) == _strip_times(whole), kill_at
+
+
+def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
+    run(tmp_path, "--updates", "1")
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    for extra, message in [([], "already holds a run: --overwrite replaces it, --resume continues it"),
+                           (["--resume"], "holds a run but no checkpoint"),
+                           (["--resume", "--save-every", "1", "--lr", "0.01"], "no checkpoint"),
+                           (["--alpha", "2"], "--alpha must be in [0, 1)")]:
+        with pytest.raises(SystemExit) as e:
+            run(tmp_path, "--updates", "1", *extra)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+        assert (tmp_path / "metrics.jsonl").read_bytes() == before
+    run(tmp_path / "ck", "--updates", "1", "--save-every", "1")
+    with pytest.raises(SystemExit):
+        run(tmp_path / "ck", "--updates", "1", "--resume", "--lr", "0.01")
+    assert "has other settings: lr=0.001 there, 0.01 here" in capsys.readouterr().err
+    assert _metrics(tmp_path / "ck")[-1]["update"] == 1
+    again = run(tmp_path, "--updates", "2", "--overwrite")
+    assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
+
+
+def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
+    """--model DIR with a model this script saved: the compact prompt, constrained decoding, its learning rate,
+    the tokenizer and the PPO value head it learned."""
+    rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--reward", "dense", "--env",
+               "webshop", "--updates", "1", "--lr", "0.003"])
+    saved = tmp_path / "a" / "model"
+    assert not (tmp_path / "a" / "model.tmp").exists()
+    cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--model", str(saved)]))
+    assert (cfg.prompt, cfg.action_mode, cfg.lr) == ("compact", "constrained", 0.003)
+    rspo.probe_env(cfg)
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    head = torch.load(saved / "value_head.pt")
+    assert head["weight"].abs().sum() > 0   # PPO trained it away from its zero start
+    assert torch.equal(policy.agent.value_head.weight, head["weight"])
+    assert policy.compact and policy.constrained
+    assert policy.tok("search", add_special_tokens=False).input_ids == \
+        rspo.build_policy(rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"])),
+                          torch.device("cpu")).tok("search", add_special_tokens=False).input_ids
+    records = rspo.main([*TINY, "--output-dir", str(tmp_path / "b"), "--env", "webshop", "--model", str(saved)])
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["prompt"] == "compact" and config["lr"] == 0.003 and records[-1]["updates/A"] == 2
+    assert len(config["git_commit"]) == 40 and isinstance(config["git_dirty"], bool)
 
 
 def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
@@ -418,7 +628,7 @@ def test_stop_ids_and_response_cut():
     assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 5])) == [2, 5]   # e.g. Qwen2.5-Instruct
     assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=7)) == [2, 7]
     assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=None)) == [2]
-    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2]      # padding never stops
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2, 9]   # every end of turn stops
     assert rspo.cut_response([4, 5, 6, 2, 9, 9], [2, 5]) == [4, 5]                    # the first stop id
     assert rspo.cut_response([4, 6, 2, 9], [2, 5]) == [4, 6, 2]
     assert rspo.cut_response([4, 6, 8], [2, 5]) == [4, 6, 8]                          # ran to max_new_tokens
@@ -467,7 +677,7 @@ def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2):
     lm, tok = smollm2
     assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"   # pad == eos in the checkpoint
     assert lm.get_input_embeddings().weight.shape[0] == len(tok)
-    cfg = SimpleNamespace(model=SMOLLM2, action_mode="generate", max_new_tokens=8, generation_batch_size=2,
+    cfg = SimpleNamespace(model=SMOLLM2, prompt="full", action_mode="generate", max_new_tokens=8, generation_batch_size=2,
                           dtype="float32")
     policy = rspo.Policy(rspo.Agent(lm), tok, cfg, torch.device("cpu"))
     assert tok.convert_tokens_to_ids("<|im_end|>") in policy.stop_ids
