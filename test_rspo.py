@@ -1770,10 +1770,117 @@ def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
 # scripts/reproduce.py: runs, resume, verification, report (on tiny settings)
 
 
-def test_reproduce_script_runs_resumes_verifies_and_reports(tmp_path, monkeypatch, capsys):
-    sys.path.insert(0, os.path.join(HERE, "scripts"))
+@pytest.fixture
+def reproduce(tmp_path, monkeypatch):
+    """scripts/reproduce.py writing its runs under tmp_path/results."""
+    monkeypatch.syspath_prepend(os.path.join(HERE, "scripts"))
     import reproduce
     monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    return reproduce
+
+
+def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
+    """A run killed while writing leaves a torn last line: left out. A line before it that is not JSON is damage."""
+    (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"update": 1}\n{"upda')
+    assert reproduce.read_metrics(tmp_path) == [{"update": 0}, {"update": 1}]
+    (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"upda\n{"update": 1}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl: line 2 "):
+        reproduce.read_metrics(tmp_path)
+
+
+def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):
+    """command.txt must be this job's command exactly: a run made with any other flag (here not --updates),
+    or by hand without command.txt, is not complete and execute leaves it as it is. The same command, cut
+    off, runs again with the run-control flags, which stay out of command.txt."""
+    job = ("main", "webshop", "grpo", "outcome", 0)
+    path, cmd = reproduce.run_dir(*job), reproduce.command(*job)
+    os.makedirs(path)
+    metrics = os.path.join(path, "metrics.jsonl")
+    with open(metrics, "w") as f:
+        f.write(json.dumps({"update": 0, "eval/success": 0.1}) + "\n")
+        f.write(json.dumps({"update": 12, "updates/A": 12, "eval/success": 0.5}) + "\n")
+    calls = []
+    monkeypatch.setattr(reproduce.subprocess, "run", lambda c, **kw: calls.append(c) or SimpleNamespace(returncode=0))
+    status = lambda: reproduce.execute(job)[1]
+    files = lambda: {f: open(os.path.join(path, f)).read() for f in os.listdir(path)}
+
+    line = reproduce.command_line(cmd)
+    with open(os.path.join(path, "command.txt"), "w") as f:
+        f.write(line.replace("--eval-episodes 128", "--eval-episodes 64"))
+    before = files()
+    assert not reproduce.complete(path, cmd)
+    assert status() == f"made with other flags: left as it is (remove {path} to rerun)"
+    assert files() == before and not calls
+    os.remove(os.path.join(path, "command.txt"))
+    assert "left as it is" in status() and not os.path.exists(os.path.join(path, "command.txt")) and not calls
+
+    with open(os.path.join(path, "command.txt"), "w") as f:
+        f.write(line)
+    assert reproduce.complete(path, cmd) and status() == "done before" and not calls
+    with open(metrics, "w") as f:
+        f.write(json.dumps({"update": 0, "eval/success": 0.1}) + "\n")
+    assert status() == "ok" and calls == [cmd + ["--save-every", str(reproduce.SAVE_EVERY), "--overwrite"]]
+    assert open(os.path.join(path, "command.txt")).read() == line
+
+
+def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(reproduce, tmp_path):
+    save = ["--save-every", str(reproduce.SAVE_EVERY)]
+    assert reproduce.run_control(tmp_path) == save                      # nothing there yet: a new run
+    (tmp_path / "config.json").write_text("{}")
+    assert reproduce.run_control(tmp_path) == save + ["--overwrite"]    # stopped before its first checkpoint
+    (tmp_path / "checkpoint").mkdir()
+    assert reproduce.run_control(tmp_path) == save + ["--resume"]
+
+
+def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduce, tmp_path, monkeypatch, capsys):
+    """A tiny repository whose rspo.py logs its version and the estimator it read. A run made at the first
+    commit verifies there although HEAD logs another version; the estimator, never committed, is the
+    repository's; the worktree is gone afterwards, also when the rerun fails."""
+    repo, run = tmp_path / "repo", tmp_path / "run"
+    repo.mkdir()
+    run.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    commits = []
+    for version in (1, 2):
+        (repo / "rspo.py").write_text(
+            "import json, sys\n"
+            "a = sys.argv\n"
+            f"record = {{'version': {version}, 'estimator': open(a[a.index('--prm-path') + 1]).read()}}\n"
+            "open(a[a.index('--output-dir') + 1] + '/metrics.jsonl', 'w').write(json.dumps(record))\n")
+        git("add", "rspo.py")
+        git("commit", "-qm", f"v{version}")
+        commits.append(git("rev-parse", "HEAD").strip())
+    (repo / "results" / "estimators").mkdir(parents=True)
+    (repo / "results" / "estimators" / "e.pt").write_text("fitted")   # not committed, like the real ones
+    (run / "command.txt").write_text("python rspo.py --prm-path results/estimators/e.pt --output-dir results/x\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "estimator": "fitted"}) + "\n")
+    monkeypatch.setattr(reproduce, "ROOT", str(repo))
+
+    def verify(**config):
+        (run / "config.json").write_text(json.dumps(config))
+        ok = reproduce.verify([str(run)])
+        assert git("worktree", "list").count("\n") == 1   # the temporary worktree is removed
+        return ok, capsys.readouterr().out
+    ok, out = verify(git_commit=commits[0], git_dirty=False)
+    assert ok and f"identical metrics (rerun at {commits[0]})" in out and "uncommitted" not in out
+    ok, out = verify(git_commit=commits[0], git_dirty=True)
+    assert ok and "made from uncommitted changes" in out
+    assert not verify(git_commit=commits[1])[0]
+    ok, out = verify()
+    assert not ok and "names no commit: rerun with the current tree" in out
+    ok, out = verify(git_commit="0" * 40)
+    assert not ok and "is not in this repository" in out
+    (repo / "results" / "estimators" / "e.pt").unlink()
+    with pytest.raises(subprocess.CalledProcessError):
+        verify(git_commit=commits[0])
+    assert git("worktree", "list").count("\n") == 1
+
+
+def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(reproduce, "SETTINGS", {"alfworld": [
         "--env", "alfworld", "--num-groups", "8", "--group-size", "2", "--max-steps", "4", "--updates", "3",
         "--k", "1", "--eval-every", "3", "--eval-episodes", "2", "--prm-warmup-episodes", "2",
@@ -1803,6 +1910,9 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(tmp_path, monkeypatc
     capsys.readouterr()
     reproduce.main(argv)   # resume: nothing left to run
     assert capsys.readouterr().out.count("done before") == 3
+    # The runs were made by this working tree, which may differ from HEAD: verify them in it.
+    config = json.loads((rspo_dir / "config.json").read_text())
+    (rspo_dir / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "git_commit"}))
     assert reproduce.verify([str(rspo_dir)])
     lines = (rspo_dir / "metrics.jsonl").read_text().splitlines()
     record = json.loads(lines[-1])

@@ -7,9 +7,12 @@
     python scripts/reproduce.py --verify results/main/alfworld_grpo_outcome_s0   # rerun one, compare
 
 Each run is one `python rspo.py ...` command with its own directory results/<experiment>/<run>/ holding
-metrics.jsonl, config.json and command.txt (the exact command line). A run whose metrics reach its last
-update is complete and is skipped on the next call, so the script resumes where it stopped. The trainer
-is deterministic on CPU: rerunning a command reproduces its committed metrics.
+metrics.jsonl, config.json and command.txt (the exact command line). A run made by the same command whose
+metrics reach its last update is complete and is skipped on the next call; a directory made by another
+command is left as it is. A run cut off midway continues from its last checkpoint (every SAVE_EVERY
+updates), so the script resumes where it stopped. The trainer is deterministic on CPU: rerunning a command
+at the commit that made it (config.json's git_commit) reproduces its committed metrics; --verify does so
+in a temporary git worktree of that commit.
 
 Every method in a comparison shares the environment settings, seeds, evaluation panel and budget of
 A's updates below (SETTINGS); RSPO's own knobs stay at the paper's defaults (alpha 1/8, k 3) except in the
@@ -29,11 +32,12 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
+SAVE_EVERY = 3          # checkpoint every 3 updates of A: a batch cut off after hours resumes mid-run
 
 # One setting per environment, shared by every method (see results/README.md for why these). The budget
 # is A's updates; RSPO's cycles (k = 3) divide it, and evaluation samples 128 fixed held-out tasks.
@@ -106,17 +110,59 @@ def flag(cmd, name):
 
 
 def read_metrics(path):
+    """A run's records ([] before it starts). A run killed while writing leaves a torn last line: it is
+    left out, so the run counts as incomplete. A line before the last that is not JSON is a damaged file."""
+    file = os.path.join(path, "metrics.jsonl")
     try:
-        with open(os.path.join(path, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        with open(file) as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
     except FileNotFoundError:
         return []
+    records = []
+    for n, line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n != lines[-1][0]:
+                raise ValueError(f"{file}: line {n} is not JSON (only a torn last line is expected)") from None
+    return records
+
+
+def command_line(cmd):
+    """command.txt's text: the command as run from the repository root, without the run-control flags."""
+    return shlex.join(["python", "rspo.py", *cmd[2:]]) + "\n"
+
+
+def recorded(path):
+    """The command.txt of the run in `path` (None if it has none)."""
+    try:
+        with open(os.path.join(path, "command.txt")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def holds_run(path):
+    """rspo.py has written a run into `path` (what makes it refuse the directory without --overwrite/--resume)."""
+    return any(os.path.exists(os.path.join(path, f)) for f in ("metrics.jsonl", "config.json"))
 
 
 def complete(path, cmd):
+    """The run in `path` was made by exactly `cmd` (any other flag makes another run) and reached the
+    evaluation after its last update."""
     records = read_metrics(path)
-    return bool(records) and records[-1].get("updates/A") == int(flag(cmd, "--updates")) \
-        and "eval/success" in records[-1]
+    return recorded(path) == command_line(cmd) and bool(records) \
+        and records[-1].get("updates/A") == int(flag(cmd, "--updates")) and "eval/success" in records[-1]
+
+
+def run_control(path):
+    """Flags that say how to run, not what: they stay out of command.txt. `path` holds nothing yet or an
+    incomplete run of the same command (execute checks command.txt): continue it from its last checkpoint,
+    or start it again if it stopped before its first one."""
+    flags = ["--save-every", str(SAVE_EVERY)]
+    if os.path.isdir(os.path.join(path, "checkpoint")):
+        return flags + ["--resume"]
+    return flags + ["--overwrite"] if holds_run(path) else flags
 
 
 def plan(args):
@@ -136,19 +182,25 @@ FITTING = defaultdict(threading.Lock)   # estimator file -> held by the run that
 
 
 def execute(job):
+    """Run one job unless its directory holds it complete or holds another command's run: (job, status, seconds)."""
     path, cmd = run_dir(*job), command(*job)
+    made_by = recorded(path)
+    # A run made by another command (or by hand, without command.txt) is never overwritten nor counted.
+    if made_by != command_line(cmd) and (made_by is not None or holds_run(path)):
+        return job, f"made with other flags: left as it is (remove {path} to rerun)", 0.0
     if complete(path, cmd):
         return job, "done before", 0.0
+    control = run_control(path)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "command.txt"), "w") as f:
-        f.write(shlex.join(["python", "rspo.py", *cmd[2:]]) + "\n")   # as run from the repository root
+        f.write(command_line(cmd))
     estimator = flag(cmd, "--prm-path")
     # The first run that needs an estimator fits it; another run needing the same one waits for the file.
     lock = FITTING[estimator] if estimator and not os.path.exists(os.path.join(ROOT, estimator)) else nullcontext()
     with lock:
         start = time.time()
         with open(os.path.join(path, "stdout.txt"), "w") as log:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(cmd + control, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     return job, "ok" if rc == 0 else f"failed (exit {rc}, see {path}/stdout.txt)", time.time() - start
 
 
@@ -465,17 +517,54 @@ def same_metrics(rerun, committed):
         for new, old in zip(rerun, committed) for k, v in old.items() if not k.startswith("time/"))
 
 
+@contextmanager
+def checkout(commit):
+    """The repository at `commit` in a temporary git worktree, removed afterwards (also on error)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "tree")
+        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", tree, commit], cwd=ROOT, check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=True)
+
+
+def rerun(path, tree):
+    """Run `path`'s command.txt in the source tree `tree` into a temporary directory; its metrics."""
+    with open(os.path.join(path, "command.txt")) as f:
+        cmd = shlex.split(f.read())
+    estimator = flag(cmd, "--prm-path")
+    if estimator and not os.path.exists(os.path.join(tree, estimator)) and os.path.exists(os.path.join(ROOT, estimator)):
+        # Estimators are not committed (results/estimators/ is ignored): the rerun at an old commit loads
+        # the one the runs share where it lies (rspo.py only reads an existing file, never rewrites it).
+        cmd[cmd.index("--prm-path") + 1] = os.path.join(ROOT, estimator)
+    with tempfile.TemporaryDirectory() as out:
+        cmd[cmd.index("--output-dir") + 1] = out
+        subprocess.run([sys.executable, *cmd[1:]], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        return read_metrics(out)
+
+
 def verify(paths):
-    """Rerun each committed run's command.txt into a temporary directory and compare its metrics."""
+    """Rerun each committed run's command.txt at the commit that made it (config.json's git_commit) and
+    compare its metrics; a run that names no commit reruns with the current tree."""
     ok = True
     for path in paths:
-        with open(os.path.join(path, "command.txt")) as f:
-            cmd = shlex.split(f.read())
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd[cmd.index("--output-dir") + 1] = tmp
-            subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-            same = same_metrics(read_metrics(tmp), read_metrics(path))
-        print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}")
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        commit = cfg.get("git_commit")
+        if commit and subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
+                                     capture_output=True).returncode:
+            print(f"{path}: FAILED: the commit that made it, {commit}, is not in this repository")
+            ok = False
+            continue
+        if not commit:
+            print(f"{path}: config.json names no commit: rerun with the current tree")
+        elif cfg.get("git_dirty"):
+            print(f"{path}: warning: made from uncommitted changes to {commit}; rerun at {commit} anyway")
+        with checkout(commit) if commit else nullcontext(ROOT) as tree:
+            same = same_metrics(rerun(path, tree), read_metrics(path))
+        print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}"
+              + (f" (rerun at {commit})" if commit else ""))
         ok &= same
     return ok
 
@@ -491,7 +580,8 @@ def main(argv=None):
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
     p.add_argument("--verify", nargs="+", metavar="RUN_DIR",
-                   help="rerun these committed runs from their command.txt and check the metrics match")
+                   help="rerun these committed runs from their command.txt at the commit that made them "
+                        "and check the metrics match")
     args = p.parse_args(argv)
     if args.report:
         return report()
