@@ -467,12 +467,11 @@ def _metrics(path):
 
 def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
     """PPO (value head, Adam state), a KL reference, an entropy bonus (so A moves even with no success), dense
-    noise, 2 updates of A per cycle, checkpoints every
-    update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
+    noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
     cycle 2, then resumed: the metrics are those of the run that was never stopped, and of one that never
     checkpointed."""
-    args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2", "--updates", "4",
-            "--eval-every", "1"]
+    args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2",
+            "--updates", "4", "--eval-every", "1"]
     whole = run(tmp_path / "whole", *args)
     run(tmp_path / "saving", *args, "--save-every", "1")
     assert _metrics(tmp_path / "saving") == _strip_times(whole)
@@ -1829,6 +1828,9 @@ def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(re
     (tmp_path / "config.json").write_text("{}")
     assert reproduce.run_control(tmp_path) == save + ["--overwrite"]    # stopped before its first checkpoint
     (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.pt.tmp").write_text("")             # killed while writing the first one
+    assert reproduce.run_control(tmp_path) == save + ["--overwrite"]
+    (tmp_path / "checkpoint" / "state.pt").write_text("")
     assert reproduce.run_control(tmp_path) == save + ["--resume"]
 
 

@@ -160,7 +160,7 @@ def run_control(path):
     incomplete run of the same command (execute checks command.txt): continue it from its last checkpoint,
     or start it again if it stopped before its first one."""
     flags = ["--save-every", str(SAVE_EVERY)]
-    if os.path.isdir(os.path.join(path, "checkpoint")):
+    if os.path.isfile(os.path.join(path, "checkpoint", "state.pt")):   # rspo.CHECKPOINT, written atomically
         return flags + ["--resume"]
     return flags + ["--overwrite"] if holds_run(path) else flags
 
