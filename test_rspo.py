@@ -564,7 +564,7 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--alpha", "1"], "--alpha must be in [0, 1)", {}),
     (["--algo", "reinforce"], "invalid choice", {}),
     (["--env-options", "{bad"], "not valid JSON", {}),
-    (["--model", "/no/such/model"], "no such directory", {}),
+    (["--model", "/no/such/model"], "--model /no/such/model: no such directory", {}),
     (["--model", "/no/such/model.gguf"], "no such file", {}),
     (["--model", "no-such-org/no-such-model"], "not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
      {"HF_HUB_OFFLINE": "1"}),
@@ -579,22 +579,52 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--prm-path", "{tmp}/e.pt"], "--prm-path needs --dense-reward learned", {}),
     (["--dense-reward", "learned", "--prm-path", "{tmp}/e.pt", "--prm-refresh", "2"], "cannot be combined", {}),
     (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf"], "is not a saved progress estimator", {}),
+    (["--seed", "-1"], "--seed must be in [0, 2^31)", {}),
+    (["--device", "cuda:7"], "--device cuda:7: no such device on this machine", {}),
+    (["--device", "nope"], "--device nope: not a device", {}),
+    (["--threads", "-1"], "--threads must be >= 0", {}),
+    (["--lr", "0"], "--lr must be > 0", {}),
+    (["--max-grad-norm", "0"], "--max-grad-norm must be > 0", {}),
+    (["--beta", "-0.1"], "--beta must be >= 0", {}),
+    (["--eval-every", "-1"], "--eval-every must be >= 0", {}),
+    (["--reward-scale", "0"], "--reward-scale must be > 0", {}),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1", {}),
+    (["--clip-ratio-c", "1"], "--clip-ratio-c must be > 1", {}),
+    (["--save-every", "-1"], "--save-every must be >= 0", {}),
+    (["--overwrite", "--resume"], "--overwrite and --resume exclude each other", {}),
+    (["--dense-reward", "learned", "--prm-model", "/no/such/prm"], "--prm-model /no/such/prm: no such directory", {}),
+    (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf/e.pt"],
+     "--prm-path {tmp}/model.gguf/e.pt: not writable ({tmp}/model.gguf is a file)", {}),
+    (["--output-dir", "{tmp}/model.gguf"], "--output-dir {tmp}/model.gguf: is a file", {}),
+    (["--output-dir", "{tmp}/model.gguf/run"], "not writable ({tmp}/model.gguf is a file)", {}),
+    (["--output-dir", "{tmp}/earlier"], "--output-dir {tmp}/earlier already holds a run: --overwrite replaces it, "
+                                        "--resume continues it", {}),
+    (["--output-dir", "{tmp}/earlier", "--resume"], "holds a run but no checkpoint (--save-every)", {}),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypatch, capsys):
+    """Exit 2 with one line, before any work and without touching --output-dir. In-process, except where an
+    environment variable must be read at import time (a subprocess)."""
     (tmp_path / "gguf.py").write_text("raise ImportError('gguf is not installed')\n")
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
-    environ = {**os.environ, "HF_HUB_OFFLINE": "1"}   # never reach for the network
-    for k, v in env.items():
-        if v is None:
-            environ.pop(k, None)
-        else:
-            environ[k] = v.replace("{tmp}", str(tmp_path))
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    p = subprocess.run([sys.executable, os.path.join(HERE, "rspo.py"), *args], capture_output=True, text=True,
-                       timeout=120, env=environ)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in p.stderr, p.stderr
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "metrics.jsonl").write_text('{"update": 0}\n')
+    args = ["--output-dir", str(tmp_path / "out"), *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    message = message.replace("{tmp}", str(tmp_path))
+    if "HF_HUB_OFFLINE" in env or "PYTHONPATH" in env:
+        environ = {**os.environ, **{k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}}
+        p = subprocess.run([sys.executable, os.path.join(HERE, "rspo.py"), *args], capture_output=True, text=True,
+                           timeout=120, env=environ)
+        code, err = p.returncode, p.stderr
+    else:
+        for k in env:
+            monkeypatch.delenv(k, raising=False)
+        with pytest.raises(SystemExit) as e:
+            rspo.main(args)
+        code, err = e.value.code, capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+    assert (tmp_path / "earlier" / "metrics.jsonl").read_text() == '{"update": 0}\n'
 
 
 # =============================================================================================
