@@ -565,7 +565,7 @@ def stop_token_ids(tok, generation_config):
 @contextlib.contextmanager
 def without_checkpoint_sampling(lm):
     """generate fills every GenerationConfig field left None from the checkpoint's generation_config (e.g.
-    Qwen2.5-Instruct's top_k 20, top_p 0.8, repetition_penalty 1.1, or a min_p): set it aside during the call,
+    Qwen2.5-Instruct's top_k 20, top_p 0.8, repetition_penalty 1.05, or a min_p): set it aside during the call,
     so only the fields Policy.generate sets apply."""
     from transformers import GenerationConfig
     saved, lm.generation_config = lm.generation_config, GenerationConfig()
