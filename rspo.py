@@ -1597,7 +1597,10 @@ def open_run_dir(cfg, checkpoint):
     if cfg.overwrite:
         for name in ("config.json", "metrics.jsonl", "learning_curve.png", "checkpoint", "model"):
             p = os.path.join(out, name)
-            shutil.rmtree(p) if os.path.isdir(p) else os.path.exists(p) and os.remove(p)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
     os.makedirs(out, exist_ok=True)
     if checkpoint is None:
         return []
