@@ -556,6 +556,206 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
     assert sum(changed) >= len(changed) // 2
 
 
+
+# ---------------------------------------------------------------------------------------------
+# The RSPO wiring, through the real trainer: spies on explore / update / policy_loss record what each
+# phase of rspo.main received, and every expectation is recomputed from the run's own data.
+
+# Look tasks in a 2-receptacle room, where states recur (GiGPO's anchors). m = 2 of 4 groups per update,
+# k = 3 updates per cycle: the 6 replays of a cycle wrap around its 4 buffer groups. One minibatch per
+# update, so the loss in update's stats is taken at pi_old (hand-checkable); lr 3e-4 keeps pi_old / pi_B
+# within about 0.5-2, clear of any dual-clip bound, yet B moves away from A. --device cpu:0 is the CPU
+# under another name, so a move of A "back" to the CPU instead of to its own device shows. The wins of
+# training episodes are set by the test (WINS): every buffer has groups of distinct mean outcome, and its
+# reward and variance orders disagree, whatever the seed and the random tiny policy do.
+WIRING = ["--env-options", '{"task_types": ["look_at_obj_in_light"], "num_receptacles": 2, "num_distractors": 0}',
+          "--max-steps", "6", "--group-size", "4", "--k", "3", "--updates", "6", "--alpha", "0.5",
+          "--minibatch-size", "4096", "--eval-every", "0", "--explorer-offload", "--device", "cpu:0", "--lr", "3e-4"]
+WINS = [4, 0, 3, 2]   # wins per group of 4 that the test sets in training rollouts (rotated every call)
+
+
+def _by_hand(t, kind, cfg):
+    """A trajectory's reward vector by hand: outcome = reward_scale * won on the last step, else 0;
+    dense = reward_scale * the step's dense value; both minus the invalid-format penalty."""
+    r = [cfg.reward_scale * s.dense if kind == "dense" else 0.0 for s in t.steps]
+    r[-1] += cfg.reward_scale * t.won if kind == "outcome" else 0.0
+    return T([x - cfg.invalid_penalty * s.invalid for x, s in zip(r, t.steps)])
+
+
+def _same_rows(rows, expected):
+    """rows and expected hold the same 1-D tensors up to order (float tolerance)."""
+    left = list(rows)
+    for e in expected:
+        hit = next((i for i, r in enumerate(left) if r.shape == e.shape and torch.allclose(r, e, atol=1e-5)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return not left
+
+
+@pytest.mark.parametrize("algo, sampling", [("gigpo", "reward"), ("ppo", "variance")])
+def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling):
+    explore, update, loss_fn = rspo.explore, rspo.update, rspo.policy_loss   # update: update_calls' spy
+    move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
+    rollout, rollouts = rspo.rollout, itertools.count()
+    A, cycles, events, moved, modes, loss_rows, anchor_calls = {}, [], [], [], [], [], []
+    shown = Counter()   # evidence that the run's data can tell the right wiring from each wrong one
+
+    def spy_rollout(policy, cfg, seeds, *args, **kwargs):
+        trajs = rollout(policy, cfg, seeds, *args, **kwargs)
+        if (args[0] if args else kwargs.get("split", "train")) == "train":
+            calls = next(rollouts)
+            for g, group in rspo.groups_of(trajs).items():
+                for i, t in enumerate(group):
+                    t.won = i < WINS[(g + calls) % len(WINS)]
+        return trajs
+
+    def spy_explore(policy, cfg, *args, **kwargs):
+        A["policy"], cycle = policy, {"B_updates": 0, "replays": []}
+        cycles.append(cycle)
+        events.append("explore")
+        before = {k: v.clone() for k, v in policy.agent.state_dict().items()}
+        out = explore(policy, cfg, *args, **kwargs)
+        # 12: A is untouched; B was trained k times and moved away from A
+        assert all(torch.equal(v, policy.agent.state_dict()[k]) for k, v in before.items()), "explore changed A"
+        assert cycle["B_updates"] == cfg.k, f"B had {cycle['B_updates']} updates, not k = {cfg.k}"
+        buffer, B = out[0], cycle["B"]
+        changed = [not torch.equal(v, w) for v, w in zip(before.values(), B.agent.state_dict().values())]
+        assert sum(changed) >= len(changed) // 2, f"B still equals A after k updates ({sum(changed)} tensors moved)"
+        # 2: the buffer steps carry B's log-probs, recomputed here, and they are not A's
+        steps = [s for t in buffer for s in t.steps]
+        b_logp, a_logp = rspo.score_steps(B, steps, cfg)[0], rspo.score_steps(policy, steps, cfg)[0]
+        assert all(torch.allclose(s.behav_logp, lp, atol=1e-5) for s, lp in zip(steps, b_logp)), \
+            "buffer behaviour log-probs are not the explorer B's"
+        assert any(not torch.allclose(b, a, atol=1e-4) for b, a in zip(b_logp, a_logp))
+        # 4: the reward swap: B's trajectories enter the buffer with outcome rewards, not dense ones
+        for t in buffer:
+            assert t.rewards is not None and torch.allclose(t.rewards, _by_hand(t, "outcome", cfg)), \
+                f"buffer rewards {t.rewards} are not the outcome {_by_hand(t, 'outcome', cfg)}"
+        assert any(not torch.allclose(_by_hand(t, "dense", cfg), _by_hand(t, "outcome", cfg)) for t in buffer)
+        scores = {g: T([float(t.rewards.sum()) for t in ts]) for g, ts in rspo.groups_of(buffer).items()}
+        cycle.update(b_logp={id(s): lp for s, lp in zip(steps, b_logp)},
+                     origin={id(t.steps): t.group for t in buffer},   # replace() keeps the steps list
+                     mean={g: float(x.mean()) for g, x in scores.items()},
+                     std={g: float(x.std(unbiased=False)) for g, x in scores.items()})
+        return out
+
+    def spy_update(policy, optimizer, trajs, cfg, *args, **kwargs):
+        cycle, steps = cycles[-1], [s for t in trajs for s in t.steps]
+        if policy is not A["policy"]:   # 8: B's k updates are on its own fresh rollouts, with dense rewards
+            cycle["B"], cycle["B_updates"] = policy, cycle["B_updates"] + 1
+            for t in trajs:
+                assert torch.allclose(t.rewards, _by_hand(t, cfg.explorer_reward, cfg)), \
+                    f"B trained on {t.rewards.tolist()}, not its {cfg.explorer_reward} reward"
+            shown["B dense != outcome"] += any(
+                not torch.allclose(_by_hand(t, "dense", cfg), _by_hand(t, "outcome", cfg)) for t in trajs)
+            anchor_calls.clear()
+            stats = update(policy, optimizer, trajs, cfg, *args, **kwargs)
+        else:
+            origin = [cycle["origin"].get(id(t.steps)) for t in trajs]   # buffer group of a replayed trajectory
+            replay = {}
+            for t, g in zip(trajs, origin):
+                assert torch.allclose(t.rewards, _by_hand(t, "outcome", cfg)), "A trained on a non-outcome reward"
+                if g is not None:
+                    replay.setdefault(t.group, set()).add(g)
+            assert all(len(g) == 1 for g in replay.values()), "a replayed group mixes buffer groups"
+            assert not set(replay) & {t.group for t, g in zip(trajs, origin) if g is None}, \
+                "buffer groups share group ids with A's own groups"
+            cycle["replays"].append([replay[j].pop() for j in sorted(replay)])
+            # 1, 3: buffer steps reach the loss with B's log-probs as behaviour, A's own with pi_old. One
+            # minibatch: the loss is taken at pi_theta = pi_old, where rho = c = exp(old - behav) and the
+            # clip is inactive, so by hand L = -sum over tokens of A * exp(old - behav) / tokens.
+            old, values = rspo.score_steps(policy, steps, cfg)
+            adv = rspo.advantages_for(trajs, cfg, values)[0]
+            replayed = [g is not None for t, g in zip(trajs, origin) for _ in t.steps]
+            behav = [cycle["b_logp"][id(s)] if r else lp for s, lp, r in zip(steps, old, replayed)]
+            tokens = sum(len(lp) for lp in old)
+            expected = -sum(a * torch.exp(o - b).sum() for a, o, b in zip(adv, old, behav)) / tokens
+            ignored = -sum(a * len(o) for a, o in zip(adv, old)) / tokens   # the loss if behav_logp = old
+            loss_rows.clear()
+            anchor_calls.clear()
+            stats = update(policy, optimizer, trajs, cfg, *args, **kwargs)
+            same = _same_rows(loss_rows, behav)
+            assert same, "policy_loss got other behaviour log-probs than B's (buffer steps) and pi_old's (A's own)"
+            assert stats["losses/policy_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6), \
+                f"policy loss {stats['losses/policy_loss']:.6f}, by hand {float(expected):.6f} " \
+                f"(with behav_logp ignored: {float(ignored):.6f})"
+            shown["loss depends on behav"] += abs(float(expected - ignored)) > 1e-3
+        for group_ids, anchors in anchor_calls:   # 10: GiGPO's anchor = the observation, within a group
+            anchors = anchors.tolist() if torch.is_tensor(anchors) else list(anchors)
+            index = [i for t in trajs for i in range(len(t.steps))]
+            for i, j in itertools.combinations(range(len(steps)), 2):
+                if group_ids[i] == group_ids[j]:
+                    same_obs = steps[i].obs == steps[j].obs
+                    assert (anchors[i] == anchors[j]) == same_obs, \
+                        f"rows {i}, {j}: anchors {anchors[i]!r}, {anchors[j]!r} for observations " \
+                        f"{steps[i].obs!r}, {steps[j].obs!r}"
+                    shown["same obs, other prompt"] += same_obs and steps[i].prompt_ids != steps[j].prompt_ids
+                    shown["same step index, other obs"] += index[i] == index[j] and not same_obs
+        return stats
+
+    def spy_loss(logp, old_logp, behav_logp, advantages, mask, *args, **kwargs):
+        loss_rows.extend(b[:int(m.sum())].detach().cpu() for b, m in zip(behav_logp, mask))
+        return loss_fn(logp, old_logp, behav_logp, advantages, mask, *args, **kwargs)
+
+    def spy_move(agent, optimizer, device, *args, **kwargs):
+        events.append(f"move to {device}")
+        moved.append(agent)
+        return move(agent, optimizer, device, *args, **kwargs)
+
+    def spy_order(outcomes, mode, *args, **kwargs):
+        modes.append(mode)
+        return order(outcomes, mode, *args, **kwargs)
+
+    def spy_gigpo(step_rewards, traj_ids, group_ids, anchors, *args, **kwargs):
+        anchor_calls.append((group_ids.tolist(), anchors))
+        return gigpo(step_rewards, traj_ids, group_ids, anchors, *args, **kwargs)
+
+    for name, spy in [("rollout", spy_rollout), ("explore", spy_explore), ("update", spy_update),
+                      ("policy_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
+                      ("gigpo_advantages", spy_gigpo)]:
+        monkeypatch.setattr(rspo, name, spy)
+    run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling)
+
+    # 11: --explorer-offload moves A out before B's phase and back to A's own device after it
+    assert events == ["move to cpu", "explore", "move to cpu:0"] * 2, events
+    assert all(agent is A["policy"].agent for agent in moved)
+    # every update call: per cycle, B's k on fresh rollouts, then A's k with the replayed steps flagged
+    assert [any(f) for _, f in update_calls] == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3
+    # 5, 6, 7: per cycle, A replays the buffer's groups from the highest priority (mean outcome for
+    # reward, std for variance) down, m = 2 more each update, wrapping around after the last
+    for c in cycles:
+        seq, n = [g for r in c["replays"] for g in r], len(c["mean"])
+        assert [len(r) for r in c["replays"]] == [2, 2, 2]
+        assert sorted(seq[:n]) == sorted(c["mean"]), \
+            f"A replayed {c['replays']}, not each of the {n} buffer groups once"
+        assert seq[n:] == seq[:len(seq) - n], f"A replayed {c['replays']}: no wrap-around to the first groups"
+        prio = [(c["mean"] if sampling == "reward" else c["std"])[g] for g in seq[:n]]
+        assert prio == sorted(prio, reverse=True), \
+            f"replayed groups' {sampling} priorities {prio} are not descending"
+    assert modes == [sampling] * 2, f"order_buffer sorted by {modes}, not --buffer-sampling {sampling}"
+    # the data can tell right from wrong: priorities differ, reward and variance orders disagree,
+    # B's dense reward is not the outcome, behav_logp moves the loss, anchors differ from prompts/step indices
+    assert any(len(set(c["mean"].values())) > 1 and len(set(c["std"].values())) > 1 for c in cycles)
+    if sampling == "variance":
+        assert any(c["mean"][g] > c["mean"][h] and c["std"][g] < c["std"][h] for c in cycles
+                   for g in c["mean"] for h in c["mean"])
+    assert shown["B dense != outcome"] and shown["loss depends on behav"] >= 4, shown
+    if algo == "gigpo":
+        assert shown["same obs, other prompt"] and shown["same step index, other obs"], shown
+
+
+def test_evaluating_more_often_leaves_training_identical(tmp_path):
+    # 9: evaluation samples from its own RNG stream, so extra evaluations change no training metric
+    often = run(tmp_path / "a", "--eval-every", "1", "--updates", "3")
+    rarely = run(tmp_path / "b", "--eval-every", "0", "--updates", "3")
+    assert [("eval/success" in r) for r in often] == [True] * 4
+    assert [("eval/success" in r) for r in rarely] == [True, False, False, True]
+    often, rarely = ([{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _strip_times(records)]
+                     for records in (often, rarely))
+    assert often == rarely, "evaluating more often changed training"
+
+
 NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: as if gguf were not installed
 
 
