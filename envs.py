@@ -131,6 +131,7 @@ import math
 import os
 import random
 import re
+import reprlib
 import sys
 from dataclasses import dataclass, field
 
@@ -388,6 +389,51 @@ RANDOM_POLICY_SUCCESS = {
 DEFAULTS = dict(max_steps=50, num_receptacles=6, num_distractors=2, grammar="move")
 SPLIT_SIZES = {"train": 5000, "valid_seen": 140, "valid_unseen": 134}
 DENSE_EVENT_REWARD = 0.2
+
+
+# Option specs: option name -> (what a value must be, test of a value); `check_options` applies them.
+def _number_spec(integer, low=None, high=None):
+    """The spec of a numeric option: an integer (or any finite number) in [low, high]; bool is no number."""
+    what = "an integer" if integer else "a number"
+    if low is not None:
+        what += f" >= {low}" if high is None else f" from {low} to {high}"
+
+    def test(value):
+        return (isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and (low is None or value >= low)
+                and (high is None or value <= high))
+    return what, test
+
+
+def check_options(env, options, specs):
+    """Raise a one-line ValueError naming the first of `options` that fails its spec in `specs`."""
+    for name, value in options.items():
+        what, test = specs[name]
+        if not test(value):
+            raise ValueError(f"{env} option {name}={reprlib.repr(value)}: expected {what}")
+
+
+# pddl_id numbers instance k as 999 - k and the demangler numbers ids in string order, so k <= 899 keeps
+# three digits (and the real engine's numbering equal to ours). generate_layout's required receptacles: the
+# goal receptacle or a lamp stand, the appliance of clean/heat/cool tasks and a start.
+MAX_INSTANCES = 899
+MIN_RECEPTACLES = 3
+_PATH = (str, os.PathLike)
+ALFWORLD_OPTIONS = {
+    "max_steps": _number_spec(True, 1),
+    "num_receptacles": _number_spec(True, MIN_RECEPTACLES, MAX_INSTANCES),
+    "num_distractors": _number_spec(True, 0, MAX_INSTANCES),
+    "grammar": ("'move' or 'put'", lambda value: value in ("move", "put")),
+    "task_types": (f"a non-empty list of {list(TASK_TYPES)}", lambda value: isinstance(value, (list, tuple))
+                   and len(value) > 0 and all(t in TASK_TYPES for t in value)),
+    "game_files": ("a folder or a list of .tw-pddl files", lambda value: isinstance(value, _PATH) or (
+        isinstance(value, (list, tuple)) and all(isinstance(f, _PATH) for f in value))),
+}
+# The options each backend takes (the generator's sizes mean nothing to the real engine's game files).
+ALFWORLD_BACKEND_OPTIONS = {
+    "offline": ("max_steps", "task_types", "num_receptacles", "num_distractors", "grammar"),
+    "real": ("max_steps", "game_files"),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -822,6 +868,48 @@ def _number(kinds):
 # 8. The offline environment
 # ---------------------------------------------------------------------------------------------
 
+def check_layout(layout):
+    """Raise a one-line ValueError naming the first problem of a layout (format: ALFWorldEnv): a missing
+    key, an unknown task type, a name that is not '<known type> <number>' or used twice, an object in a
+    receptacle the layout lacks, or fewer target objects, goal receptacles, lamps or appliances than the
+    task needs."""
+    def need(ok, problem):
+        if not ok:
+            raise ValueError(f"bad ALFWorld layout: {problem}")
+
+    def name_of(entry, keys, types, what):
+        need(isinstance(entry, dict) and all(k in entry for k in keys),
+             f"every {what} needs keys {list(keys)}")
+        name = entry["name"]
+        need(isinstance(name, str) and re.fullmatch(r"[a-z]+ [1-9][0-9]*", name) and kind(name) in types,
+             f"{what} name {name!r} is not '<known {what} type> <number>'")
+        return name
+
+    need(isinstance(layout, dict) and all(k in layout for k in ("task", "receptacles", "objects")),
+         "expected a dict with keys 'task', 'receptacles' and 'objects'")
+    task = layout["task"]
+    need(isinstance(task, dict), "'task' must be a dict")
+    need(task.get("type") in TASK_TYPES, f"task type {task.get('type')!r} is not one of {list(TASK_TYPES)}")
+    look = task["type"] == "look_at_obj_in_light"
+    for key in ("obj", "toggle" if look else "recep", "text"):
+        need(task.get(key), f"the task lacks {key!r}")
+    receptacles = [name_of(r, ("name", "openable"), CAN_CONTAIN, "receptacle") for r in layout["receptacles"]]
+    objects = [name_of(o, ("name", "in", "props"), set(ALFRED_TYPES) - set(CAN_CONTAIN), "object")
+               for o in layout["objects"]]
+    names = receptacles + objects
+    need(len(set(names)) == len(names),
+         f"names used twice: {sorted({n for n in names if names.count(n) > 1})}")
+    for o in layout["objects"]:
+        need(o["in"] in receptacles, f"object {o['name']!r} is in {o['in']!r}, which the layout lacks")
+    needed = {task["obj"]: 2 if task["type"] == "pick_two_obj_and_place" else 1,
+              task["toggle"] if look else task["recep"]: 1}
+    if task["type"] in TREATMENTS:
+        needed[TREATMENTS[task["type"]][1]] = 1
+    for t, n in needed.items():
+        have = sum(kind(x) == t for x in names)
+        need(have >= n, f"the {task['type']} task needs {n} {t} but the layout has {have}")
+
+
 class ALFWorldEnv:
     """Offline ALFWorld text game for one layout; same text and rules as the real engine.
 
@@ -831,12 +919,12 @@ class ALFWorldEnv:
          "receptacles": [{"name": "cabinet 1", "openable": True, "opened": False}, ...],
          "objects": [{"name": "apple 1", "in": "countertop 1", "props": ["pickupable", "cleanable", ...]}]}
     Instances of a type are numbered 1..n. Every receptacle stands at its own location; the agent
-    starts in the middle of the room.
+    starts in the middle of the room. `check_layout` rejects a malformed layout.
     """
 
     def __init__(self, layout, max_steps=50, grammar="move"):
-        if grammar not in ("move", "put"):
-            raise ValueError(f"unknown ALFWorld grammar {grammar!r}; expected 'move' or 'put'")
+        check_options("ALFWorld", dict(max_steps=max_steps, grammar=grammar), ALFWORLD_OPTIONS)
+        check_layout(layout)
         self.layout, self.max_steps, self.grammar = layout, max_steps, grammar
         t = layout["task"]
         self.task = Task(t["type"], t["obj"], t.get("recep"), t.get("toggle"), t["text"])
@@ -1139,6 +1227,12 @@ PRICE_CLAUSE = ", and price lower than "
 WEBSHOP_ENV_DEFAULTS = dict(max_steps=15, dense_view_weight=0.2, dense_option_bonus=0.1,
                             dense_buy_weight=1.0)
 WEBSHOP_CATALOG_DEFAULTS = dict(num_products=1000, goals_per_product=6, no_options_prob=0.15)
+WEBSHOP_OPTIONS = {   # specs for check_options; human_goals is backend="real" only
+    **{k: _number_spec(True, 1) for k in ("max_steps", "num_products", "goals_per_product")},
+    "no_options_prob": _number_spec(False, 0, 1),
+    **{k: _number_spec(False) for k in ("dense_view_weight", "dense_option_bonus", "dense_buy_weight")},
+    "human_goals": ("true or false", lambda value: isinstance(value, bool)),
+}
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary tables. Option values never occur inside a product's title, bullets or description
@@ -1468,9 +1562,8 @@ class WebShopCatalog:
 
 def build_webshop_catalog(num_products=1000, goals_per_product=6, no_options_prob=0.15):
     """The deterministic catalog and goal list; cached, so every env of one size shares it."""
-    if num_products < 1 or goals_per_product < 1 or not 0 <= no_options_prob <= 1:
-        raise ValueError("webshop: num_products and goals_per_product must be >= 1 and "
-                         "no_options_prob in [0, 1]")
+    check_options("webshop", dict(num_products=num_products, goals_per_product=goals_per_product,
+                                  no_options_prob=no_options_prob), WEBSHOP_OPTIONS)
     return _generate_catalog(num_products, goals_per_product, no_options_prob)
 
 
@@ -1488,11 +1581,12 @@ def _generate_catalog(num_products, goals_per_product, no_options_prob):
 
 
 def _catalog_and_env_options(options):
-    """Split **options into catalog and env options; a clear error for unknown names."""
+    """Split **options into catalog and env options; a clear error for unknown names or bad values."""
     unknown = set(options) - set(WEBSHOP_CATALOG_DEFAULTS) - set(WEBSHOP_ENV_DEFAULTS)
     if unknown:
         known = sorted(set(WEBSHOP_CATALOG_DEFAULTS) | set(WEBSHOP_ENV_DEFAULTS))
         raise ValueError(f"webshop: unknown option(s) {sorted(unknown)}; known: {known}")
+    check_options("webshop", options, WEBSHOP_OPTIONS)
     catalog = {k: options.get(k, v) for k, v in WEBSHOP_CATALOG_DEFAULTS.items()}
     env = {k: options.get(k, v) for k, v in WEBSHOP_ENV_DEFAULTS.items()}
     return catalog, env
@@ -1875,6 +1969,7 @@ def make_webshop_env(split="train", seed=0, backend="offline", **options):
         unknown = set(options) - set(WEBSHOP_ENV_DEFAULTS) - {"num_products", "human_goals"}
         if unknown:
             raise ValueError(f"webshop: unknown option(s) {sorted(unknown)} for backend='real'")
+        check_options("webshop", options, WEBSHOP_OPTIONS)
         return RealWebShopEnv(split=split, seed=seed, **options)
     if backend != "offline":
         raise ValueError(f"webshop: unknown backend {backend!r}; use 'offline' or 'real'")
@@ -1917,16 +2012,18 @@ BACKENDS = ("offline", "real")
 REAL_ONLY_OPTIONS = ("game_files", "human_goals")   # options only backend="real" takes
 
 
-def _alfworld_options(options):
-    unknown = set(options) - {"max_steps", "task_types", "num_receptacles", "num_distractors", "grammar",
-                              "game_files"}
+def _alfworld_options(options, backend="offline"):
+    """The options merged with the defaults; a one-line ValueError for an unknown option, one that the
+    backend does not take (ALFWORLD_BACKEND_OPTIONS) or a bad value (ALFWORLD_OPTIONS)."""
+    unknown = set(options) - set(ALFWORLD_OPTIONS)
     if unknown:
         raise ValueError(f"unknown ALFWorld options {sorted(unknown)}")
+    elsewhere = sorted(set(options) - set(ALFWORLD_BACKEND_OPTIONS[backend]))
+    if elsewhere:
+        other = next(b for b in BACKENDS if b != backend)
+        raise ValueError(f"ALFWorld option(s) {elsewhere} need backend={other!r} (--backend {other})")
+    check_options("ALFWorld", options, ALFWORLD_OPTIONS)
     opts = {**DEFAULTS, "task_types": TASK_TYPES, **options}
-    bad = [t for t in opts["task_types"] if t not in TASK_TYPES]
-    if bad or not opts["task_types"]:
-        raise ValueError(f"unknown ALFWorld task types {bad}; expected a non-empty subset of "
-                         f"{list(TASK_TYPES)}")
     opts["task_types"] = tuple(opts["task_types"])
     return opts
 
@@ -1943,13 +2040,14 @@ def make_env(name, split="train", seed=0, backend="offline", **options):
 
     ALFWorld options (defaults): max_steps=50, task_types=all six, num_receptacles=6, num_distractors=2,
     grammar="move" ("put" = alfworld <= 0.3 text); backend="real" takes game_files (list or folder,
-    default $ALFWORLD_DATA/json_2.1.1/<split>) and max_steps.
+    default $ALFWORLD_DATA/json_2.1.1/<split>) and max_steps. A bad option is a one-line ValueError
+    (ALFWORLD_OPTIONS, WEBSHOP_OPTIONS).
     """
     _check_name_backend(name, backend)
     if name == "webshop":
         return make_webshop_env(split=split, seed=seed, backend=backend, **options)
     _check_split(split)
-    opts = _alfworld_options(options)
+    opts = _alfworld_options(options, backend)
     if backend == "real":
         return RealALFWorldEnv(opts["game_files"] if "game_files" in options else None, split=split,
                                seed=seed, max_steps=opts["max_steps"])
@@ -1965,7 +2063,7 @@ def num_tasks(name, split, **options):
     if name == "webshop":
         return webshop_num_tasks(split, **options)
     _check_split(split)
-    _alfworld_options(options)
+    _alfworld_options(options, backend)
     if backend == "real":
         return len(_find_game_files(options.get("game_files"), split))
     return SPLIT_SIZES[split]

@@ -1275,6 +1275,71 @@ def test_make_env_errors_and_sizes():
     assert env.layout == envs.make_env("alfworld", seed=3).layout
 
 
+@pytest.mark.parametrize("name, options, message", [
+    ("alfworld", {"num_receptacles": 1000}, "num_receptacles=1000: expected an integer from 3 to 899"),
+    ("alfworld", {"num_receptacles": 2}, "num_receptacles=2: expected an integer from 3 to 899"),
+    ("alfworld", {"num_distractors": -1}, "num_distractors=-1: expected an integer from 0 to 899"),
+    ("alfworld", {"max_steps": 0}, "max_steps=0: expected an integer >= 1"),
+    ("alfworld", {"max_steps": 2.5}, "max_steps=2.5: expected an integer >= 1"),
+    ("alfworld", {"grammar": "say"}, "grammar='say': expected 'move' or 'put'"),
+    ("alfworld", {"task_types": "pick_and_place_simple"}, "task_types='pick_and_place_simple': expected a non-empty"),
+    ("alfworld", {"task_types": ["cook_dinner"]}, "task_types=['cook_dinner']: expected a non-empty list"),
+    ("alfworld", {"task_types": []}, "task_types=[]: expected a non-empty list"),
+    ("alfworld", {"task_types": 7}, "task_types=7: expected a non-empty list"),
+    ("alfworld", {"game_files": ["game.tw-pddl"]}, "['game_files'] need backend='real' (--backend real)"),
+    ("alfworld", {"backend": "real", "game_files": 7}, "game_files=7: expected a folder or a list"),
+    ("alfworld", {"backend": "real", "num_receptacles": 5}, "['num_receptacles'] need backend='offline'"),
+    ("webshop", {"max_steps": 0}, "max_steps=0: expected an integer >= 1"),
+    ("webshop", {"max_steps": "15"}, "max_steps='15': expected an integer >= 1"),
+    ("webshop", {"num_products": True}, "num_products=True: expected an integer >= 1"),
+    ("webshop", {"goals_per_product": 2.0}, "goals_per_product=2.0: expected an integer >= 1"),
+    ("webshop", {"no_options_prob": 1.5}, "no_options_prob=1.5: expected a number from 0 to 1"),
+    ("webshop", {"dense_view_weight": "0.2"}, "dense_view_weight='0.2': expected a number"),
+    ("webshop", {"dense_buy_weight": math.nan}, "dense_buy_weight=nan: expected a number"),
+    ("webshop", {"backend": "real", "max_steps": 0}, "max_steps=0: expected an integer >= 1"),
+])
+def test_bad_env_options_are_clear_errors(name, options, message, monkeypatch):
+    """Checked before any work, by make_env and num_tasks alike, as one line that names the option."""
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.delenv("WEBSHOP_ROOT", raising=False)
+    for call in (lambda: envs.make_env(name, **options), lambda: envs.num_tasks(name, "train", **options)):
+        with pytest.raises(ValueError, match=re.escape(message)) as error:
+            call()
+        assert "\n" not in str(error.value)
+
+
+def test_from_layout_rejects_broken_layouts():
+    def without_sinkbasin(layout):
+        layout["receptacles"] = [r for r in layout["receptacles"] if r["name"] != "sinkbasin 1"]
+
+    breaks = [
+        (lambda layout: layout.pop("objects"), "keys 'task', 'receptacles' and 'objects'"),
+        (lambda layout: layout.update(task="put a clean apple in fridge"), "'task' must be a dict"),
+        (lambda layout: layout["task"].update(type="cook_dinner"), "task type 'cook_dinner' is not one of"),
+        (lambda layout: layout["task"].pop("recep"), "the task lacks 'recep'"),
+        (lambda layout: layout["objects"][0].pop("props"), "every object needs keys ['name', 'in', 'props']"),
+        (lambda layout: layout["receptacles"][0].update(name="cabinet"), "receptacle name 'cabinet' is not"),
+        (lambda layout: layout["objects"][0].update(name="dragon 1"), "object name 'dragon 1' is not"),
+        (lambda layout: layout["objects"][1].update(name="apple 1"), "names used twice: ['apple 1']"),
+        (lambda layout: layout["objects"][0].update({"in": "table 1"}), "'apple 1' is in 'table 1', which the"),
+        (lambda layout: layout["task"].update(obj="tomato"), "task needs 1 tomato but the layout has 0"),
+        (lambda layout: layout["task"].update(recep="safe"), "task needs 1 safe but the layout has 0"),
+        (without_sinkbasin, "task needs 1 sinkbasin but the layout has 0"),
+    ]
+    for broken, message in breaks:
+        layout = _kitchen()
+        broken(layout)
+        with pytest.raises(ValueError, match="^bad ALFWorld layout: .*" + re.escape(message)):
+            envs.ALFWorldEnv.from_layout(layout)
+    look = envs.generate_layout("train", 1)               # a look task: the lamp is an object
+    look["objects"] = [o for o in look["objects"] if o["name"] != "desklamp 1"]
+    with pytest.raises(ValueError, match="look_at_obj_in_light task needs 1 desklamp but the layout has 0"):
+        envs.ALFWorldEnv.from_layout(look)
+    for options, message in [({"max_steps": 0}, "max_steps=0"), ({"grammar": "say"}, "grammar='say'")]:
+        with pytest.raises(ValueError, match=f"^ALFWorld option {message}: expected"):
+            envs.ALFWorldEnv.from_layout(_kitchen(), **options)
+
+
 # ---------------------------------------------------------------------------------------------
 # Expert, splits, determinism
 # ---------------------------------------------------------------------------------------------
