@@ -1562,7 +1562,7 @@ class WebShopCatalog:
 
 def build_webshop_catalog(num_products=1000, goals_per_product=6, no_options_prob=0.15):
     """The deterministic catalog and goal list; cached, so every env of one size shares it."""
-    check_options("webshop", dict(num_products=num_products, goals_per_product=goals_per_product,
+    check_options("WebShop", dict(num_products=num_products, goals_per_product=goals_per_product,
                                   no_options_prob=no_options_prob), WEBSHOP_OPTIONS)
     return _generate_catalog(num_products, goals_per_product, no_options_prob)
 
@@ -1586,7 +1586,7 @@ def _catalog_and_env_options(options):
     if unknown:
         known = sorted(set(WEBSHOP_CATALOG_DEFAULTS) | set(WEBSHOP_ENV_DEFAULTS))
         raise ValueError(f"webshop: unknown option(s) {sorted(unknown)}; known: {known}")
-    check_options("webshop", options, WEBSHOP_OPTIONS)
+    check_options("WebShop", options, WEBSHOP_OPTIONS)
     catalog = {k: options.get(k, v) for k, v in WEBSHOP_CATALOG_DEFAULTS.items()}
     env = {k: options.get(k, v) for k, v in WEBSHOP_ENV_DEFAULTS.items()}
     return catalog, env
@@ -1969,7 +1969,7 @@ def make_webshop_env(split="train", seed=0, backend="offline", **options):
         unknown = set(options) - set(WEBSHOP_ENV_DEFAULTS) - {"num_products", "human_goals"}
         if unknown:
             raise ValueError(f"webshop: unknown option(s) {sorted(unknown)} for backend='real'")
-        check_options("webshop", options, WEBSHOP_OPTIONS)
+        check_options("WebShop", options, WEBSHOP_OPTIONS)
         return RealWebShopEnv(split=split, seed=seed, **options)
     if backend != "offline":
         raise ValueError(f"webshop: unknown backend {backend!r}; use 'offline' or 'real'")

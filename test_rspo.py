@@ -800,6 +800,14 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--output-dir", "{tmp}/earlier"], "--output-dir {tmp}/earlier already holds a run: --overwrite replaces it, "
                                         "--resume continues it", {}),
     (["--output-dir", "{tmp}/earlier", "--resume"], "holds a run but no checkpoint (--save-every)", {}),
+    (["--env-options", '{"num_receptacles": 1000}'],
+     "--env alfworld: ALFWorld option num_receptacles=1000: expected an integer from 3 to 899", {}),
+    (["--env-options", '{"max_steps": 0}'], "ALFWorld option max_steps=0: expected an integer >= 1", {}),
+    (["--env-options", '{"game_files": "/tmp"}'], "['game_files'] need backend='real' (--backend real)", {}),
+    (["--env-options", '{"task_types": "pick_and_place_simple"}'],
+     "ALFWorld option task_types='pick_and_place_simple': expected a non-empty list", {}),
+    (["--env", "webshop", "--env-options", '{"num_products": "10"}'],
+     "--env webshop: WebShop option num_products='10': expected an integer >= 1", {}),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypatch, capsys):
     """Exit 2 with one line, before any work and without touching --output-dir. In-process, except where an
