@@ -568,7 +568,7 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
 # under another name, so a move of A "back" to the CPU instead of to its own device shows. The wins of
 # training episodes are set by the test (WINS): every buffer has groups of distinct mean outcome, and its
 # reward and variance orders disagree, whatever the seed and the random tiny policy do.
-WIRING = ["--env-options", '{"task_types": ["look_at_obj_in_light"], "num_receptacles": 2, "num_distractors": 0}',
+WIRING = ["--env-options", '{"task_types": ["look_at_obj_in_light"], "num_receptacles": 3, "num_distractors": 0}',
           "--max-steps", "6", "--group-size", "4", "--k", "3", "--updates", "6", "--alpha", "0.5",
           "--minibatch-size", "4096", "--eval-every", "0", "--explorer-offload", "--device", "cpu:0", "--lr", "3e-4"]
 WINS = [4, 0, 3, 2]   # wins per group of 4 that the test sets in training rollouts (rotated every call)
