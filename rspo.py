@@ -769,12 +769,15 @@ class Policy:
             h_resp = torch.gather(h, 1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
         del h
         logp, entropy = [], []
-        for rows in self.head_chunks(*tgt.shape):
+        chunks = self.head_chunks(*tgt.shape)
+        # With gradients and several chunks, keep only each chunk's hidden states for backward and recompute its
+        # full-vocabulary tensors there, one chunk at a time, instead of holding every chunk's until backward.
+        # One chunk (a tiny model, short responses) gains nothing from the recomputation.
+        recompute = torch.is_grad_enabled() and len(chunks) > 1
+        for rows in chunks:
             args = (h_resp[rows], tgt[rows], None if allowed is None else allowed[rows], temperature, with_entropy)
-            # With gradients, keep only the chunk's hidden states for backward and recompute its full-vocabulary
-            # tensors there, one chunk at a time, instead of holding every chunk's until backward.
-            lp, ent = (torch.utils.checkpoint.checkpoint(self.head, *args, use_reentrant=False)
-                       if torch.is_grad_enabled() else self.head(*args))
+            lp, ent = (torch.utils.checkpoint.checkpoint(self.head, *args, use_reentrant=False) if recompute
+                       else self.head(*args))
             logp.append(lp)
             entropy.append(ent)
         logp = torch.cat(logp) * mask
