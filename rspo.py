@@ -36,6 +36,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from tqdm.auto import tqdm
 
 import envs
@@ -617,6 +618,9 @@ def check_logits_path(agent, name):
                           "(e.g. Gemma-2's soft-capping), which is how rspo.py scores responses")
 
 
+HEAD_CHUNK_ELEMENTS = 2 ** 25   # full-vocabulary values per chunk of Policy.head: 128 MiB per float32 copy
+
+
 class Policy:
     """Tokenizer + Agent + decoding. Knows how to render prompts and turn states into actions."""
 
@@ -626,7 +630,10 @@ class Policy:
         self.constrained = cfg.action_mode == "constrained"
         self.amp_dtype = autocast_dtype(cfg.dtype, device)
         self.stop_ids = stop_token_ids(tok, agent.lm.generation_config)
-        if tok.pad_token_id in self.stop_ids:
+        # Plain ints: the tokenizer's eos_token_id/pad_token_id are properties that look the token up on every
+        # read, and the tries read them once per admissible action, at every step.
+        self.eos_id, self.pad_id = tok.eos_token_id, tok.pad_token_id
+        if self.pad_id in self.stop_ids:
             raise ValueError("the pad token is an end-of-turn id: give the tokenizer a distinct one (distinct_pad)")
         self._action_ids = {}
 
@@ -655,7 +662,7 @@ class Policy:
             node = root
             for t in self.action_ids(a):
                 node = node.setdefault(t, {})
-            node[self.tok.eos_token_id] = a
+            node[self.eos_id] = a
         return root
 
     def allowed_tokens(self, trie, response_ids):
@@ -692,8 +699,8 @@ class Policy:
             for t in ids[width:].tolist():
                 node = node.get(t) if isinstance(node, dict) else None
                 if node is None:
-                    return [self.tok.eos_token_id]
-            return list(node.keys()) if isinstance(node, dict) else [self.tok.pad_token_id]
+                    return [self.eos_id]
+            return list(node.keys()) if isinstance(node, dict) else [self.pad_id]
 
         max_new = (max(len(self.action_ids(a)) for adm in admissibles for a in adm) + 1
                    if self.constrained else self.cfg.max_new_tokens)
@@ -704,7 +711,7 @@ class Policy:
         neutral = dict(top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
         gen = GenerationConfig(do_sample=not greedy, **({} if greedy else {"temperature": temperature, **neutral}),
                                repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
-                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.stop_ids)
+                               pad_token_id=self.pad_id, eos_token_id=self.stop_ids)
         with self.autocast(), without_checkpoint_sampling(self.agent.lm):
             out = self.agent.lm.generate(**enc, generation_config=gen,
                                          prefix_allowed_tokens_fn=allowed if self.constrained else None)
@@ -722,29 +729,36 @@ class Policy:
         return results
 
     def batch(self, steps):
-        """Right-padded prompt+response tensors, response positions, and the constraint mask."""
+        """Right-padded prompt+response tensors, response positions, and the constraint mask. Built from
+        padded Python lists, each tensor in one call (per-row tensor writes dominated small updates)."""
         seqs = [s.prompt_ids + s.response_ids for s in steps]
         L = max(map(len, seqs))
         R = max(len(s.response_ids) for s in steps)
-        ids = torch.full((len(steps), L), self.tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((len(steps), L), dtype=torch.long)
-        pos = torch.zeros((len(steps), R), dtype=torch.long)      # position predicting response token j
-        tgt = torch.zeros((len(steps), R), dtype=torch.long)
-        mask = torch.zeros((len(steps), R))
-        vocab = self.agent.lm.get_output_embeddings().out_features   # may exceed len(tok) (padded vocab)
-        allowed = torch.zeros((len(steps), R, vocab), dtype=torch.bool) if self.constrained else None
-        for i, (s, seq) in enumerate(zip(steps, seqs)):
-            ids[i, :len(seq)], attn[i, :len(seq)] = torch.tensor(seq), 1
-            P, n = len(s.prompt_ids), len(s.response_ids)
-            pos[i, :n] = torch.arange(P - 1, P - 1 + n)
-            tgt[i, :n], mask[i, :n] = torch.tensor(s.response_ids), 1
-            if self.constrained:
-                for j, toks in enumerate(self.allowed_tokens(self.trie(s.admissible), s.response_ids)):
-                    allowed[i, j, toks] = True
-                allowed[i, n:] = True   # padding: anything, so no row is all -inf (NaN)
-            pos[i, n:] = P - 1   # padding positions point anywhere valid; the mask drops them
+        ids = torch.tensor([seq + [self.pad_id] * (L - len(seq)) for seq in seqs])
+        attn = torch.tensor([[1] * len(seq) + [0] * (L - len(seq)) for seq in seqs])
+        # pos[i, j]: the position predicting response token j; padding points anywhere valid (the mask drops it)
+        pos = torch.tensor([[len(s.prompt_ids) - 1 + (j if j < len(s.response_ids) else 0) for j in range(R)]
+                            for s in steps])
+        tgt = torch.tensor([s.response_ids + [0] * (R - len(s.response_ids)) for s in steps])
+        mask = torch.tensor([[1.0] * len(s.response_ids) + [0.0] * (R - len(s.response_ids)) for s in steps])
+        allowed = self.allowed_mask(steps, R) if self.constrained else None
         d = self.device
         return ids.to(d), attn.to(d), pos.to(d), tgt.to(d), mask.to(d), None if allowed is None else allowed.to(d)
+
+    def allowed_mask(self, steps, R):
+        """[B, R, vocab] bool: the tokens the constraint allowed at each response position (anything at padding,
+        so no row is all -inf, which would give NaN), set with one indexed write."""
+        vocab = self.agent.lm.get_output_embeddings().out_features   # may exceed len(tok) (padded vocab)
+        allowed = (torch.arange(R) >= torch.tensor([len(s.response_ids) for s in steps]).unsqueeze(1))
+        allowed = allowed.unsqueeze(-1).repeat(1, 1, vocab)
+        rows, cols, toks = [], [], []
+        for i, s in enumerate(steps):
+            for j, options in enumerate(self.allowed_tokens(self.trie(s.admissible), s.response_ids)):
+                rows += [i] * len(options)
+                cols += [j] * len(options)
+                toks += options
+        allowed[rows, cols, toks] = True
+        return allowed
 
     def forward(self, steps, temperature, with_entropy=False):
         """Per-token log-probs of the responses at the sampling temperature, under the same decoding
@@ -753,18 +767,46 @@ class Policy:
         with self.autocast():
             h = self.agent.hidden(ids, attn)
             h_resp = torch.gather(h, 1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        del h
+        logp, entropy = [], []
+        chunks = self.head_chunks(*tgt.shape)
+        # With gradients and several chunks, keep only each chunk's hidden states for backward and recompute its
+        # full-vocabulary tensors there, one chunk at a time, instead of holding every chunk's until backward.
+        # One chunk (a tiny model, short responses) gains nothing from the recomputation.
+        recompute = torch.is_grad_enabled() and len(chunks) > 1
+        for rows in chunks:
+            args = (h_resp[rows], tgt[rows], None if allowed is None else allowed[rows], temperature, with_entropy)
+            lp, ent = (torch.utils.checkpoint.checkpoint(self.head, *args, use_reentrant=False) if recompute
+                       else self.head(*args))
+            logp.append(lp)
+            entropy.append(ent)
+        logp = torch.cat(logp) * mask
+        entropy = torch.cat(entropy) if with_entropy else None
+        values = self.agent.value_head(h_resp[:, 0].float()).squeeze(-1)  # h at the last prompt token
+        return logp, mask, entropy, values
+
+    def head_chunks(self, batch, length):
+        """Row slices of the batch whose [rows, length, vocab] float32 tensors hold at most HEAD_CHUNK_ELEMENTS
+        (a real model's 49k-152k vocabulary makes these the largest tensors of an update; a tiny run has one)."""
+        vocab = self.agent.lm.get_output_embeddings().out_features
+        size = max(1, HEAD_CHUNK_ELEMENTS // (length * vocab))
+        return [slice(i, i + size) for i in range(0, batch, size)]
+
+    def head(self, h_resp, tgt, allowed, temperature, with_entropy):
+        """Log-probs of the response tokens (and entropies) from their hidden states: the output layer, the
+        temperature, the decoding constraint and a softmax over the vocabulary."""
+        with self.autocast():
             logits = self.agent.logits(h_resp)
         logits = logits.float() / temperature
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         logprobs = torch.log_softmax(logits, -1)
-        logp = torch.gather(logprobs, -1, tgt.unsqueeze(-1)).squeeze(-1) * mask
-        entropy = None
-        if with_entropy:
-            p = logprobs.exp()
-            entropy = -(p * logprobs.masked_fill(p == 0, 0)).sum(-1)
-        values = self.agent.value_head(h_resp[:, 0].float()).squeeze(-1)  # h at the last prompt token
-        return logp, mask, entropy, values
+        del logits
+        logp = torch.gather(logprobs, -1, tgt.unsqueeze(-1)).squeeze(-1)
+        if not with_entropy:
+            return logp, None
+        p = logprobs.exp()
+        return logp, -(p * logprobs.masked_fill(p == 0, 0)).sum(-1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -250,6 +250,28 @@ def test_constrained_decoding_only_produces_admissible_actions():
                 assert resp == policy.action_ids(action) + [policy.tok.eos_token_id]
 
 
+@pytest.mark.parametrize("mode", ["constrained", "generate"])
+def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mode):
+    """Policy.forward computes the full-vocabulary part in row chunks, recomputed in backward: the log-probs,
+    entropies, values and gradients are those of one pass over the whole batch (up to float rounding)."""
+    policy = tiny_policy(mode=mode, seed=2)
+    prompts = [policy.encode_prompt(f"task : look . observation : cabinet {i}") for i in (1, 2, 10)]
+    steps = [rspo.Step(p, policy.action_ids(a) + [policy.eos_id], ACTIONS, "", a, 0.0, False)
+             for p in prompts for a in ACTIONS[:3]]
+
+    def run():
+        policy.agent.zero_grad()
+        logp, mask, ent, values = policy.forward(steps, 0.7, with_entropy=True)
+        (logp.sum() - (ent * mask).sum() + values.sum()).backward()
+        return [logp, ent, values] + [p.grad.clone() for p in policy.agent.parameters() if p.grad is not None]
+
+    whole = run()
+    monkeypatch.setattr(rspo, "HEAD_CHUNK_ELEMENTS", 1)   # one row per chunk
+    assert len(policy.head_chunks(len(steps), 4)) == len(steps)
+    for a, b in zip(whole, run(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_sampled_distribution_equals_recomputed_logprobs():
     """What the update's forward pass assigns to each action is the distribution sampling used."""
     torch.manual_seed(0)
