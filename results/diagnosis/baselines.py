@@ -4,7 +4,7 @@
 - random:    uniform over the admissible actions (5 episodes per task, seeds fixed)
 - expert:    envs' scripted expert (privileged: knows where every object is)
 - searching: the same expert without that privilege: until it has looked into the receptacle that holds
-             the object it wants to fetch, it visits receptacles in the order the intro lists them
+             the object it wants to fetch, it visits receptacles in the order the intro lists them (envs.pddl_id order)
              (go to, open when closed), then follows the expert.
 Also per policy: episode length, reached_any_progress (the state-based progress ever rose above 0, e.g. a target
 object was picked up) and repeat_in_last4 (share of steps repeating one of the previous 4 actions), as
@@ -38,7 +38,7 @@ def searching_action(env, searched):
         target = a.split(" from ")[-1]
     fetching = h.holding is None or (envs.kind(h.holding) != env.task.obj)
     if target is not None and target not in searched and fetching:
-        nxt = [r for r in h.receptacles if r not in searched]
+        nxt = [r for r in sorted(h.receptacles, key=envs.pddl_id) if r not in searched]
         r = h.agent_at if h.agent_at in nxt else nxt[0]
         return f"go to {r}" if h.agent_at != r else f"open {r}"
     return a
@@ -78,9 +78,10 @@ def run(policy, cap, reps=1):
             "tasks_per_type": {k: len(v) // reps for k, v in sorted(wins.items())}}
 
 
-out = {}
-for cap in (30, 50):
-    out[f"random_cap{cap}"] = run("random", cap, reps=5)
-    out[f"expert_cap{cap}"] = run("expert", cap)
-    out[f"searching_cap{cap}"] = run("searching", cap)
-print(json.dumps(out, indent=1))
+if __name__ == "__main__":
+    out = {}
+    for cap in (30, 50):
+        out[f"random_cap{cap}"] = run("random", cap, reps=5)
+        out[f"expert_cap{cap}"] = run("expert", cap)
+        out[f"searching_cap{cap}"] = run("searching", cap)
+    print(json.dumps(out, indent=1))
