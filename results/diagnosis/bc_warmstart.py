@@ -8,7 +8,7 @@ step rendered exactly as rspo.rollout renders the policy's own steps (expert_act
 minimises the token-mean negative log-likelihood of the expert's action under the decoding constraint (Adam,
 lr 1e-3, minibatches of 128 steps), evaluating on the diagnosis panel (128 valid_seen tasks, T = 0.4, 30 steps,
 rspo.evaluate's own RNG stream) after every epoch. Writes metrics.jsonl; --save-model DIR keeps the weights in
-rspo's tiny-model format, so `python rspo.py --model DIR ...` can continue from them by RL.
+rspo's tiny-model format, so (without --memory) `python rspo.py --model DIR ...` can continue from them by RL.
 """
 import argparse
 import json
@@ -29,10 +29,15 @@ p = argparse.ArgumentParser()
 p.add_argument("--episodes", type=int, default=1000)
 p.add_argument("--epochs", type=int, default=6)
 p.add_argument("--history", type=int, default=2)
+p.add_argument("--memory", action="store_true",
+               help="use memory_prompt.py's prompt (inventory from own past actions + last 2 actions; --history 30)")
 p.add_argument("--output-dir", required=True)
 p.add_argument("--save-model", default=None)
 a = p.parse_args()
 os.makedirs(a.output_dir, exist_ok=True)
+if a.memory:
+    import memory_prompt  # noqa: E402,F401  (patches rspo.build_prompt)
+    a.history = 30
 
 cfg = rspo.build_parser().parse_args(["--env", "alfworld", "--max-steps", "30", "--eval-episodes", "128",
                                       "--eval-split", "valid_seen", "--seed", "0", "--threads", "1",

@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TYPES = [("look_at_obj_in_light", "look"), ("pick_and_place_simple", "pick"), ("pick_clean_then_place_in_recep", "clean"),
          ("pick_heat_then_place_in_recep", "heat"), ("pick_cool_then_place_in_recep", "cool"),
          ("pick_two_obj_and_place", "two")]
-ORDER = ["base", "history0", "history8", "history30", "memory_inventory", "cap_h128_l4", "lr3e-4", "lr3e-3", "epochs2",
+ORDER = ["base", "base_seed1", "history0", "history8", "history30", "memory_inventory", "cap_h128_l4", "lr3e-4", "lr3e-3", "epochs2",
          "mb512", "ent0.01", "maxsteps50", "groups16"]
 
 
@@ -32,7 +32,10 @@ for path in sorted(glob.glob(os.path.join(HERE, "*", "metrics.jsonl"))):
     log = open(os.path.join(os.path.dirname(path), "log.txt")).read()
     wall = re.search(r"wall_s=(\d+)", log)
     done = last["update"] == json.load(open(os.path.join(os.path.dirname(path), "config.json")))["updates"]
-    flags = open(os.path.join(os.path.dirname(path), "command.txt")).read().split("--output-dir")[1].split(None, 1)
+    command = open(os.path.join(os.path.dirname(path), "command.txt")).read()
+    flags = command.split("--output-dir")[1].split(None, 1)
+    if "memory_prompt.py" in command:
+        flags = ["", "memory_prompt.py: inventory + last 2 actions in the prompt"]
     rows.append((ORDER.index(name) if name in ORDER else 99, name, {
         "flags": flags[1].strip() if len(flags) > 1 else "",
         "curve": " → ".join(pct(r["eval/success"]) for r in evals),
@@ -44,12 +47,13 @@ for path in sorted(glob.glob(os.path.join(HERE, "*", "metrics.jsonl"))):
         "ent": f"{trains[0]['losses/entropy']:.2f} → {sum(r['losses/entropy'] for r in tail) / len(tail):.2f}",
         "states": str(last.get("train/distinct_states")),
         "wins": " / ".join(str(int(last.get(f"train/wins/{t}", 0))) for t, _ in TYPES),
+        "starved": f"{sum(r['train/success'] == 0 for r in trains)} / {len(trains)}",
         "wall": f"{int(wall.group(1)) / 60:.1f}" if wall else "running",
     }))
 print("| run | flags vs base | held-out success % (upd 0 → 6 → 12 → 18 → 24) | final % | final per type % "
       "(look / pick / clean / heat / cool / two) | train success % (last 3) | episode length (upd 1 → last 3) | "
-      "entropy (upd 1 → last 3) | distinct states | training wins per type (cumulative) | wall min |")
-print("|" + "---|" * 11)
+      "entropy (upd 1 → last 3) | distinct states | training wins per type (cumulative) | updates without a win (zero gradient) | wall min |")
+print("|" + "---|" * 12)
 for _, name, d in sorted(rows):
     print(f"| {name} | `{d['flags']}` | {d['curve']} | {d['final']} | {d['types']} | {d['train_succ']} | "
-          f"{d['len_first']} → {d['len']} | {d['ent']} | {d['states']} | {d['wins']} | {d['wall']} |")
+          f"{d['len_first']} → {d['len']} | {d['ent']} | {d['states']} | {d['wins']} | {d['starved']} | {d['wall']} |")
