@@ -12,7 +12,7 @@ TYPES = [("look_at_obj_in_light", "look"), ("pick_and_place_simple", "pick"), ("
          ("pick_heat_then_place_in_recep", "heat"), ("pick_cool_then_place_in_recep", "cool"),
          ("pick_two_obj_and_place", "two")]
 ORDER = ["base", "base_seed1", "history0", "history8", "history30", "memory_inventory", "cap_h128_l4", "lr3e-4", "lr3e-3", "epochs2",
-         "mb512", "ent0.01", "maxsteps50", "groups16"]
+         "mb512", "ent0.01", "maxsteps50", "groups16", "bc_then_grpo", "bc_then_grpo_lr1e-4", "bc_then_grpo_lr1e-4_seed1"]
 
 
 def pct(x):
