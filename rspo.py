@@ -15,7 +15,8 @@ J = (1 - alpha) J_on + alpha J_off, alpha = m / (n + m). Off-policy tokens are c
 c = pi_old / pi_B instead of 1. The base algorithm (GRPO, PPO or GiGPO) is otherwise unchanged.
 
 Layout: config -> pure math (advantages, losses, reward swap, buffer sampling) -> policy wrapper ->
-rollout -> update -> the RSPO cycle -> main. The README has the implementation-details checklist.
+learned dense reward -> rollout -> update -> the RSPO cycle -> checkpoints (--save-every, --resume) -> main.
+The README has the implementation-details checklist.
 """
 import argparse
 import contextlib
