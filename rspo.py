@@ -1227,8 +1227,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
                                                             returns[idx].to(dev), cfg.vf_clip)
                 # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
                 # value loss (a mean over states), so neither depends on how the minibatch is chunked.
-                share = {k: len(idx) / len(mb) if k == "losses/value_loss" else mask.sum().item() / tokens
-                         for k in terms}
+                token_share, sample_share = mask.sum().item() / tokens, len(idx) / len(mb)
+                share = {k: sample_share if k == "losses/value_loss" else token_share for k in terms}
                 sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
                 for k, v in terms.items():
                     acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
@@ -1346,7 +1346,6 @@ class TrainState:
     rng: np.random.Generator     # which tasks are played (and the estimator's data splits)
     generator: torch.Generator   # minibatch order and buffer ties
     totals: dict                 # updates, env steps and seconds of A, B and the estimator
-    update: int = 0              # A's updates done
     buffer: list = field(default_factory=list)         # this cycle's buffer groups, in replay order
     replayed: int = 0                                   # buffer groups replayed so far this cycle: the cursor
     previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
@@ -1374,7 +1373,8 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         log(record)
     else:
         state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
-    bar = tqdm(range(state.update + 1, cfg.updates + 1), initial=state.update, total=cfg.updates,
+    done = state.totals["updates/A"]
+    bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates,
                disable=not cfg.progress, desc=f"{cfg.reward}+{cfg.algo}")
     for u in bar:
         t0 = time.time()
@@ -1417,7 +1417,7 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
                 state.pending = []
                 state.totals["time/prm_seconds"] += time.time() - t2
         state.totals["env_steps/A"] += sum(len(t.steps) for t in trajs)
-        state.totals["updates/A"] = state.update = u
+        state.totals["updates/A"] = u
         state.totals["time/A_seconds"] += time.time() - t1
         record = {"update": u, **stats, **state.last_explorer, **(buffer_stats(replay) if replay else {}),
                   "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items())),

@@ -520,9 +520,8 @@ def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, m
 def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     run(tmp_path, "--updates", "1")
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    for extra, message in [([], "already holds a run: --overwrite replaces it, --resume continues it"),
-                           (["--resume"], "holds a run but no checkpoint"),
-                           (["--resume", "--save-every", "1", "--lr", "0.01"], "no checkpoint"),
+    # (plain refusal and --resume without a checkpoint: in test_bad_input_is_one_line_and_exit_2)
+    for extra, message in [(["--resume", "--save-every", "1", "--lr", "0.01"], "no checkpoint"),
                            (["--alpha", "2"], "--alpha must be in [0, 1)")]:
         with pytest.raises(SystemExit) as e:
             run(tmp_path, "--updates", "1", *extra)
