@@ -133,7 +133,7 @@ import random
 import re
 import reprlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # ---------------------------------------------------------------------------------------------
 # 1. Vocabulary tables (ALFRED names, lower-cased as the text engine prints them)
@@ -769,6 +769,28 @@ def expert_action(h, task, grammar="move"):
     return _fetch(h, [o for o in _targets(h, task) if not _placed(h, o, task)])
 
 
+def _must_search(h, task):
+    """Does the expert's next move need an object `h` does not show: a target to fetch, or a lamp?"""
+    held = h.holding
+    if task.type == "look_at_obj_in_light":
+        if held is None:
+            return not _targets(h, task)
+        return kind(held) == task.obj and not _lamps(h, task)
+    return held is None and not [o for o in _targets(h, task) if not _placed(h, o, task)]
+
+
+def searching_action(h, task, searched, grammar="move"):
+    """The expert without its privilege, a demonstrator for imitation: it plans on what the agent has seen,
+    the objects it holds or saw in the receptacles it has looked into (`searched`), and while the object it
+    needs is not among them it looks into the next unsearched receptacle in the intro's order (go to, open)."""
+    seen = {o for o, r in h.where.items() if r is None or r in searched}
+    known = replace(h, props={o: p for o, p in h.props.items() if o in seen},
+                    where={o: r for o, r in h.where.items() if o in seen})
+    if _must_search(known, task):
+        return _approach(h, min((r for r in h.receptacles if r not in searched), key=pddl_id))
+    return expert_action(known, task, grammar)
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Procedural households and the fixed task lists
 # ---------------------------------------------------------------------------------------------
@@ -945,6 +967,7 @@ class ALFWorldEnv:
     def reset(self):
         self.house = self._initial_house()
         self.steps, self.done, self.won = 0, False, False
+        self.searched = set()   # receptacles whose contents the agent has seen (the searching expert's memory)
         self.last_obs = MESSAGES["intro"].format(things=render_list(self.house.receptacles),
                                                  goal=self.task.text)
         self.last_info = self._info(dense=0.0)
@@ -964,6 +987,8 @@ class ALFWorldEnv:
         if action in self.last_info["admissible_actions"]:
             obs = apply_command(self.house, action, self.grammar)
             dense = dense_reward(action, self.house, self.task)
+            if self.house.agent_at is not None and self.house.accessible(self.house.agent_at):
+                self.searched.add(self.house.agent_at)   # arriving at an open one, or opening it, shows its contents
         else:
             obs = MESSAGES["nothing_happens"]
         self.won = goal_satisfied(self.house, self.task)
@@ -973,6 +998,9 @@ class ALFWorldEnv:
 
     def expert_action(self):
         return expert_action(self.house, self.task, self.grammar)
+
+    def searching_action(self):
+        return searching_action(self.house, self.task, self.searched, self.grammar)
 
 
 # ---------------------------------------------------------------------------------------------

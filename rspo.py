@@ -99,6 +99,11 @@ def build_parser():
       help="keep A (weights and Adam state) in CPU memory while the explorer B trains, so one copy is on the GPU")
     # optimisation
     a("--lr", type=float, default=None, help="Adam learning rate (default 1e-3 for tiny, 1e-6 otherwise)")
+    # warm start by imitation (SFT before RL), shared by every method
+    a("--warm-start", type=int, default=0,
+      help="before RL, imitate this many episodes of the searching demonstrator (offline envs; 0: start from scratch)")
+    a("--warm-start-epochs", type=int, default=3, help="passes over the demonstrations")
+    a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
     a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
     a("--minibatch-size", type=int, default=128, help="step samples per optimizer step")
     a("--micro-batch-size", type=int, default=64, help="samples per forward pass (gradient accumulation)")
@@ -177,6 +182,10 @@ def validate(cfg):
         (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
         (cfg.threads >= 0, "--threads must be >= 0 (0: torch's default)"),
         (cfg.lr is None or cfg.lr > 0, "--lr must be > 0"),
+        (cfg.warm_start >= 0 and cfg.warm_start_epochs >= 1 and cfg.warm_start_lr > 0,
+         "--warm-start must be >= 0, --warm-start-epochs >= 1 and --warm-start-lr > 0"),
+        (not cfg.warm_start or cfg.backend == "offline",
+         "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
         (cfg.prm_lr is None or cfg.prm_lr > 0, "--prm-lr must be > 0"),
         (cfg.max_grad_norm > 0, "--max-grad-norm must be > 0"),
         (cfg.beta >= 0, "--beta must be >= 0"),
@@ -876,15 +885,19 @@ def estimate_progress(estimator, steps, cfg):
     return estimator(estimator_features(estimator, steps, cfg)).cpu() if steps else torch.zeros(0)
 
 
-def expert_actor(policy, noise, rng):
-    """The environments' scripted expert as an action source for rollout: env.expert_action(), or with
-    probability `noise` a uniformly random admissible action (so some episodes fail). Its response ids are
-    what the policy would have produced for that action: the action's tokens + EOS (constrained mode) or
-    the <think>/<action> format (generate mode)."""
+def expert_actor(policy, noise, rng, searching=False):
+    """The environments' scripted expert as an action source for rollout: env.expert_action() (or, with
+    `searching`, env.searching_action(): the expert without its privilege, acting only on what the agent has
+    seen), or with probability `noise` a uniformly random admissible action (so some episodes fail). Its
+    response ids are what the policy would have produced for that action: the action's tokens + EOS
+    (constrained mode) or the <think>/<action> format (generate mode)."""
     def act(prompts, admissibles, environments):
         out = []
         for adm, env in zip(admissibles, environments):
-            action = adm[int(rng.integers(len(adm)))] if adm and rng.random() < noise else env.expert_action()
+            if adm and rng is not None and rng.random() < noise:
+                action = adm[int(rng.integers(len(adm)))]
+            else:
+                action = env.searching_action() if searching else env.expert_action()
             text = action if policy.constrained else f"<think></think><action>{action}</action>"
             out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False))
         return out
@@ -1139,6 +1152,46 @@ def evaluate(policy, cfg):
 
 
 # ----------------------------------------------------------------------------------------------
+# Warm start: imitation of a demonstrator that sees what the agent sees, before RL (SPA-RL's SFT stage)
+
+
+def imitation_loss(logp, mask):
+    """Behaviour cloning (SFT): the token-mean negative log-likelihood of the demonstrator's responses,
+    -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum_{i,t} m_it."""
+    return -(logp * mask).sum() / mask.sum()
+
+
+def warm_start(policy, cfg):
+    """--warm-start episodes of the searching demonstrator on train tasks 0..N-1, each step rendered as the
+    policy's own, then --warm-start-epochs passes of Adam on imitation_loss in minibatches of --minibatch-size
+    steps. Its own RNG streams, so every method's RL starts from the same policy. Returns stats and cost."""
+    start = time.time()
+    trajs = rollout(policy, cfg, range(cfg.warm_start), act=expert_actor(policy, 0.0, None, searching=True),
+                    group_size=1)
+    steps = [s for t in trajs for s in t.steps]
+    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
+    generator, lengths, nll = torch.Generator().manual_seed(cfg.seed + 40_000), sequence_lengths(steps), []
+    policy.agent.train()
+    for _ in range(cfg.warm_start_epochs):
+        perm = torch.randperm(len(steps), generator=generator).tolist()
+        for i in range(0, len(perm), cfg.minibatch_size):
+            mb, loss = perm[i:i + cfg.minibatch_size], 0.0
+            tokens = sum(len(steps[j].response_ids) for j in mb)
+            for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+                logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
+                part = imitation_loss(logp, mask) * (mask.sum().item() / tokens)   # token-mean over the minibatch
+                part.backward()
+                loss += float(part.detach())
+            nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            nll.append(loss)
+    per_epoch = -(-len(steps) // cfg.minibatch_size)
+    return {"warmstart/episodes": len(trajs), "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
+            "warmstart/nll": float(np.mean(nll[-per_epoch:]))}, len(steps), time.time() - start
+
+
+# ----------------------------------------------------------------------------------------------
 # Update: one step of the base algorithm on a batch of on-policy and buffer trajectories
 
 
@@ -1358,6 +1411,11 @@ class TrainState:
 def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
     """A's training loop; with --reward rspo, a B phase starts every k updates of A. Starts with the estimator's
     fit and an evaluation, or continues a checkpoint (--resume); checkpoints into out_dir every --save-every."""
+    warm = {}
+    # A resumed run gets its weights from the checkpoint; it redoes the (deterministic) warm start only when the
+    # KL reference, the warm-started policy, is needed.
+    if cfg.warm_start and (checkpoint is None or cfg.beta > 0):
+        warm = warm_start(policy, cfg)
     ref = None
     if cfg.beta > 0:   # the starting policy, frozen: copied before a checkpoint's weights are loaded
         ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
@@ -1366,10 +1424,12 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
                            {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
                             "time/A_seconds": 0.0, "time/B_seconds": 0.0})
+        if warm:
+            state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
         prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
         if dense.estimator is not None:
             state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-        record = {"update": 0, **evaluate(policy, cfg), **prm_stats, **state.totals}
+        record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm else {}), **prm_stats, **state.totals}
         log(record)
     else:
         state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)

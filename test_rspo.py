@@ -152,6 +152,13 @@ def test_policy_loss_token_mean_and_clipfrac():
     assert clipfrac.item() == pytest.approx(1 / 3)
 
 
+def test_imitation_loss_is_the_token_mean_nll():
+    logp = torch.log(T([[0.5, 0.25, 0.9], [0.125, 1.0, 1.0]]))
+    mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 0.9 and the second row's 1.0s are padding
+    # -(log .5 + log .25 + log .125) / 3 = (1 + 2 + 3) log 2 / 3 = 2 log 2
+    assert rspo.imitation_loss(logp, mask).item() == pytest.approx(2 * math.log(2))
+
+
 def test_value_loss_clipped():
     # V = 1, V_old = .5, R = 2, clip .2: unclipped (1-2)^2 = 1, clipped V = .7 -> 1.69; .5 * max = .845
     assert rspo.value_loss(T([1.0]), T([0.5]), T([2.0]), 0.2).item() == pytest.approx(0.845)
@@ -488,12 +495,12 @@ def _metrics(path):
 
 
 def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
-    """PPO (value head, Adam state), a KL reference, an entropy bonus (so A moves even with no success), dense
-    noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
+    """PPO (value head, Adam state), a KL reference to the warm-started policy, an entropy bonus (so A moves even
+    with no success), dense noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
     cycle 2, then resumed: the metrics are those of the run that was never stopped, and of one that never
     checkpointed."""
     args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2",
-            "--updates", "4", "--eval-every", "1"]
+            "--updates", "4", "--eval-every", "1", "--warm-start", "6"]
     whole = run(tmp_path / "whole", *args)
     run(tmp_path / "saving", *args, "--save-every", "1")
     assert _metrics(tmp_path / "saving") == _strip_times(whole)
@@ -515,6 +522,39 @@ def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, m
             f.write('{"update": 9, "torn')   # a line cut off by the kill
         resumed = run(out, *args, "--save-every", "1", "--resume")
         assert _metrics(out) == _strip_times(resumed) == _strip_times(whole), kill_at
+
+
+def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
+    """--warm-start: the searching demonstrator's episodes (never the privileged expert), imitated before the
+    first evaluation; the weights it leaves are the same for every algorithm and reward, and are the KL reference."""
+    monkeypatch.setattr(envs.ALFWorldEnv, "expert_action", lambda self: pytest.fail("the privileged expert acted"))
+    real_warm_start, real_update, after, refs = rspo.warm_start, rspo.update, [], []
+
+    def spy_warm_start(policy, cfg):
+        out = real_warm_start(policy, cfg)
+        after.append({k: v.clone() for k, v in policy.agent.state_dict().items()})
+        return out
+
+    def spy_update(policy, optimizer, trajs, cfg, generator, ref=None):
+        refs.append(None if ref is None else {k: v.clone() for k, v in ref.agent.state_dict().items()})
+        return real_update(policy, optimizer, trajs, cfg, generator, ref)
+    monkeypatch.setattr(rspo, "warm_start", spy_warm_start)
+    monkeypatch.setattr(rspo, "update", spy_update)
+    warm = ["--warm-start", "12", "--max-steps", "30", "--updates", "1"]
+    runs = {(algo, reward): run(tmp_path / f"{algo}_{reward}", *warm, "--algo", algo, "--reward", reward)
+            for algo, reward in [("grpo", "outcome"), ("ppo", "outcome"), ("gigpo", "rspo")]}
+    first = runs["grpo", "outcome"][0]
+    assert first["warmstart/episodes"] == 12 and first["warmstart/demo_success"] == 1.0
+    assert 12 * 7 < first["env_steps/warmstart"] < 12 * 13   # the searcher's ~9.4 steps per episode
+    assert all(r[0]["eval/success"] == first["eval/success"] for r in runs.values())
+    assert len(after) == 3 and all(all(torch.equal(w[k], after[0][k]) for k in w) for w in after)
+    cold = run(tmp_path / "cold", "--max-steps", "30", "--updates", "1")
+    assert "warmstart/episodes" not in cold[0] and len(after) == 3
+    # the imitation lowered the demonstrations' NLL from about log(number of admissible actions)
+    assert first["warmstart/nll"] < 1.0
+    refs.clear()
+    run(tmp_path / "kl", *warm, "--beta", "0.01")
+    assert all(torch.equal(refs[0][k], after[-1][k]) for k in after[-1])
 
 
 def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
@@ -805,6 +845,9 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--device", "nope"], "--device nope: not a device", {}),
     (["--threads", "-1"], "--threads must be >= 0", {}),
     (["--lr", "0"], "--lr must be > 0", {}),
+    (["--warm-start", "-1"], "--warm-start must be >= 0", {}),
+    (["--warm-start", "4", "--warm-start-epochs", "0"], "--warm-start-epochs >= 1", {}),
+    (["--env", "alfworld", "--backend", "real", "--warm-start", "4"], "--warm-start needs --backend offline", {}),
     (["--max-grad-norm", "0"], "--max-grad-norm must be > 0", {}),
     (["--beta", "-0.1"], "--beta must be >= 0", {}),
     (["--eval-every", "-1"], "--eval-every must be >= 0", {}),
@@ -1399,6 +1442,60 @@ def test_alfworld_expert_recovers_after_random_actions():
         env = envs.make_env("alfworld", seed=seed, num_receptacles=8, num_distractors=4)
         won, _ = _solve(env, rng, random_prefix=rng.randint(1, 25))
         assert won, seed
+
+
+def test_searching_expert_looks_before_it_takes():
+    """By hand: the apple lies on countertop 1; receptacles in the intro's (engine) order are cabinet 2,
+    cabinet 1, countertop 1, fridge 1, ... The searching expert opens the cabinets first; the privileged one
+    walks straight to the apple."""
+    env = envs.ALFWorldEnv.from_layout(_kitchen())
+    actions = []
+    while not env.done:
+        actions.append(env.searching_action())
+        env.step(actions[-1])
+    assert env.won and actions == [
+        "go to cabinet 2", "open cabinet 2", "go to cabinet 1", "open cabinet 1", "go to countertop 1",
+        "take apple 1 from countertop 1", "go to sinkbasin 1", "clean apple 1 with sinkbasin 1",
+        "go to fridge 1", "open fridge 1", "move apple 1 to fridge 1"]
+    assert env.searched == {"cabinet 2", "cabinet 1", "countertop 1", "sinkbasin 1", "fridge 1"}
+    assert envs.ALFWorldEnv.from_layout(_kitchen()).expert_action() == "go to countertop 1"
+
+
+def _blind(env):
+    """env's house without the objects the agent has not seen (neither held nor in a searched receptacle)."""
+    h = env.house
+    unseen = {o for o, r in h.where.items() if r is not None and r not in env.searched}
+    return replace(h, props={o: p for o, p in h.props.items() if o not in unseen},
+                   where={o: r for o, r in h.where.items() if o not in unseen})
+
+
+@pytest.mark.parametrize("split", ["train", "valid_seen", "valid_unseen"])
+def test_searching_expert_solves_every_task(split):
+    """The warm start's demonstrations: every task solved, searching ~50 % longer than the privileged expert."""
+    lengths = []
+    for seed in range(0, 400 if split == "train" else 140, 2):
+        env = envs.make_env("alfworld", split=split, seed=seed, max_steps=30)
+        env.reset()
+        while not env.done:
+            env.step(env.searching_action())
+        assert env.won, (split, seed)
+        lengths.append(env.steps)
+    assert 8 < sum(lengths) / len(lengths) < 11 and max(lengths) <= 25
+
+
+def test_searching_expert_acts_only_on_what_it_has_seen():
+    """At every step its action is the one it takes in a house where every object it has not seen is gone. Larger
+    rooms, half the actions random (so it may stand elsewhere when one pick-two object is seen, another not)."""
+    rng, steps = random.Random(5), 0
+    for seed in range(400):
+        env = envs.make_env("alfworld", seed=seed, max_steps=40, num_receptacles=8, num_distractors=4)
+        _, info = env.reset()
+        while not env.done:
+            action = env.searching_action()
+            assert envs.searching_action(_blind(env), env.task, env.searched) == action, (seed, env.steps)
+            steps += 1
+            _, _, _, info = env.step(rng.choice(info["admissible_actions"]) if rng.random() < 0.5 else action)
+    assert steps > 8000
 
 
 def test_task_restriction_and_size_options():
