@@ -2303,6 +2303,29 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert git("worktree", "list").count("\n") == 1
 
 
+def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys):
+    """--report --results DIR (the archive) reads the runs under DIR and writes final.csv and tables.md there,
+    with each run's path where it lies now; results/ is left alone. --results without --report is refused."""
+    archive = tmp_path / "results" / "archive"
+    run = archive / "main" / "webshop_grpo_outcome_s0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1},
+        {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
+         "env_steps/B": 0, "time/A_seconds": 2.0}]))
+    reproduce.main(["--report", "--results", str(archive)])
+    with open(archive / "final.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert row["method"] == "outcome" and float(row["success"]) == 0.25
+    assert row["path"] == os.path.relpath(run, reproduce.ROOT)
+    assert "## Main comparison" in (archive / "tables.md").read_text()
+    assert sorted(os.listdir(tmp_path / "results")) == ["archive"]
+    with pytest.raises(SystemExit):
+        reproduce.main(["--results", str(archive)])
+    assert "--results goes with --report" in capsys.readouterr().err
+
+
 def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(reproduce, "SETTINGS", {"alfworld": [
         "--env", "alfworld", "--num-groups", "8", "--group-size", "2", "--max-steps", "4", "--updates", "3",

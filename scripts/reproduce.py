@@ -3,8 +3,9 @@
     python scripts/reproduce.py                         # everything, 3 seeds, 2 jobs at a time, resumable
     python scripts/reproduce.py --experiments main --envs alfworld --algos grpo --seeds 0
     python scripts/reproduce.py --report                # only rebuild results/final.csv, tables, figures
+    python scripts/reproduce.py --report --results results/archive   # the same for the archived runs
     python scripts/reproduce.py --list                  # print the commands, run nothing
-    python scripts/reproduce.py --verify results/main/alfworld_grpo_outcome_s0   # rerun one, compare
+    python scripts/reproduce.py --verify results/archive/main/webshop_grpo_outcome_s200   # rerun one, compare
 
 Each run is one `python rspo.py ...` command with its own directory results/<experiment>/<run>/ holding
 metrics.jsonl, config.json and command.txt (the exact command line). A run made by the same command whose
@@ -12,7 +13,12 @@ metrics reach its last update is complete and is skipped on the next call; a dir
 command is left as it is. A run cut off midway continues from its last checkpoint (every SAVE_EVERY
 updates), so the script resumes where it stopped. The trainer is deterministic on CPU: rerunning a command
 at the commit that made it (config.json's git_commit) reproduces its committed metrics; --verify does so
-in a temporary git worktree of that commit.
+in a temporary git worktree of that commit, for a run directory wherever it lies now (its command.txt still
+names the results/<experiment>/<run>/ it was written to; the rerun goes to a temporary directory instead).
+
+New runs go to results/. results/archive/ holds the previous regime's runs (a tiny agent trained from
+scratch; see its README.md), moved there unchanged: --report --results results/archive rebuilds its
+final.csv, tables and figures, and --verify reruns any of its runs.
 
 Every method in a comparison shares the environment settings, seeds, evaluation panel and budget of
 A's updates below (SETTINGS); RSPO's own knobs stay at the paper's defaults (alpha 1/8, k 3) except in the
@@ -39,7 +45,7 @@ RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
 SAVE_EVERY = 3          # checkpoint every 3 updates of A: a batch cut off after hours resumes mid-run
 
-# One setting per environment, shared by every method (see results/README.md for why these). The budget
+# One setting per environment, shared by every method (see results/archive/README.md for why these). The budget
 # is A's updates; RSPO's cycles (k = 3) divide it, and evaluation samples 128 fixed held-out tasks.
 SETTINGS = {
     "alfworld": ["--env", "alfworld", "--num-groups", "8", "--group-size", "8", "--max-steps", "30",
@@ -213,15 +219,16 @@ def mean_of(records, key):
     return statistics.mean(values) if values else float("nan")
 
 
-def final_rows():
-    """One row per complete run. Costs count everything a user pays: A, the explorer B and the progress
-    estimator's fit (data collection + training; shared by the runs of one env and seed, charged to each)."""
+def final_rows(results):
+    """One row per complete run under the directory `results`. Costs count everything a user pays: A, the
+    explorer B and the progress estimator's fit (data collection + training; shared by the runs of one env
+    and seed, charged to each)."""
     rows = []
-    for experiment in sorted(os.listdir(RESULTS)) if os.path.isdir(RESULTS) else []:
+    for experiment in sorted(os.listdir(results)) if os.path.isdir(results) else []:
         if experiment not in EXPERIMENTS:
             continue
-        for name in sorted(os.listdir(os.path.join(RESULTS, experiment))):
-            path = os.path.join(RESULTS, experiment, name)
+        for name in sorted(os.listdir(os.path.join(results, experiment))):
+            path = os.path.join(results, experiment, name)
             records = read_metrics(path)
             if not records or "eval/success" not in records[-1] or len(records) < 2:
                 continue
@@ -430,7 +437,7 @@ def curve(rows):
             [min(c[i][1] for c in runs) for i in range(n)], [max(c[i][1] for c in runs) for i in range(n)])
 
 
-def figures(rows):
+def figures(rows, results):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -451,7 +458,7 @@ def figures(rows):
             ax.set(title=f"{env}: {algo}", xlabel="updates of A", ylabel="held-out success (mean, min-max)")
             ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(RESULTS, f"curves_{env}.png"))
+        fig.savefig(os.path.join(results, f"curves_{env}.png"))
         plt.close(fig)
         # Equal total cost: success against all env steps paid (A + explorer + estimator).
         rspo, long = main.get((env, "grpo", "rspo")), groups(rows, {"equal_cost"}).get((env, "grpo", "outcome_long"))
@@ -468,7 +475,7 @@ def figures(rows):
                    ylabel="held-out success")
             ax.legend(fontsize=8)
             fig.tight_layout()
-            fig.savefig(os.path.join(RESULTS, f"equal_cost_{env}.png"))
+            fig.savefig(os.path.join(results, f"equal_cost_{env}.png"))
             plt.close(fig)
     for (env, _, _), rs in groups(rows, {"dense"}).items():
         fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -485,7 +492,7 @@ def figures(rows):
         ax.set_ylabel("held-out success", color="C0")
         ax2.set_ylabel("dense return per episode (training)", color="C3")
         fig.tight_layout()
-        fig.savefig(os.path.join(RESULTS, f"dense_only_{env}.png"))
+        fig.savefig(os.path.join(results, f"dense_only_{env}.png"))
         plt.close(fig)
 
 
@@ -494,19 +501,22 @@ FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
 
 
-def report():
-    rows = final_rows()
+def report(results=None):
+    """final.csv, tables.md and the figures of the runs under `results` (default RESULTS), written there."""
+    results = results or RESULTS
+    name = os.path.relpath(results)
+    rows = final_rows(results)
     if not rows:
-        print("no complete runs under results/")
+        print(f"no complete runs under {name}/")
         return
-    with open(os.path.join(RESULTS, "final.csv"), "w", newline="") as f:
+    with open(os.path.join(results, "final.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    with open(os.path.join(RESULTS, "tables.md"), "w") as f:
+    with open(os.path.join(results, "tables.md"), "w") as f:
         f.write(tables(rows) + "\n")
-    figures(rows)
-    print(f"{len(rows)} runs -> results/final.csv, results/tables.md, results/*.png")
+    figures(rows, results)
+    print(f"{len(rows)} runs -> {name}/final.csv, {name}/tables.md, {name}/*.png")
 
 
 def same_metrics(rerun, committed):
@@ -579,12 +589,16 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
+    p.add_argument("--results", metavar="DIR", help="with --report: the results directory to rebuild "
+                   "(default results/; results/archive for the previous regime's runs)")
     p.add_argument("--verify", nargs="+", metavar="RUN_DIR",
                    help="rerun these committed runs from their command.txt at the commit that made them "
                         "and check the metrics match")
     args = p.parse_args(argv)
+    if args.results and not args.report:
+        p.error("--results goes with --report (new runs always go to results/)")
     if args.report:
-        return report()
+        return report(args.results)
     if args.verify:
         sys.exit(0 if verify(args.verify) else 1)
     jobs = plan(args)
