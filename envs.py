@@ -1886,13 +1886,15 @@ class WebShopEnv:
         if self.done:
             return f"click[{BUY_NOW}]"   # ignored after done, like any action
         wanted, budget = parse_instruction(self.goal["instruction_text"])
+        # The search engine ranks by title and attribute words: option values and the price clause
+        # only add noise, so the instruction without its price clause is the query to use first.
+        core = self.goal["instruction_text"].split(PRICE_CLAUSE)[0].lower()
+        queries = sorted((q.lower() for q in self.queries), key=lambda q: (q != core, -len(q)))
         if self.page == "search":
-            # The search engine ranks by title and attribute words: option values and the price
-            # clause only add noise, so the instruction without its price clause comes first.
-            core = self.goal["instruction_text"].split(PRICE_CLAUSE)[0].lower()
-            queries = sorted(self.queries, key=lambda q: (q != core, -len(q)))
             fresh = [q for q in queries if q not in self.searched]
             return f"search[{(fresh or queries)[0]}]"
+        if self.page == "results" and queries[0] not in self.searched:   # another query's results
+            return f"click[{BACK_TO_SEARCH}]"
         if self.page == "results":
             start = (self.page_num - 1) * PRODUCT_WINDOW
             fitting = []   # (may exceed the budget, rank on page, asin)
@@ -1901,7 +1903,7 @@ class WebShopEnv:
                 low, high = price_bounds(product["Price"])
                 if product["asin"].lower() not in self.opened and low <= budget:
                     fitting.append((high > budget, rank, product["asin"].lower()))
-            if fitting:   # the ranking uses words the titles don't show: trust it over the titles
+            if fitting:   # the ranking also weighs words titles don't show; it beat title overlap
                 return f"click[{min(fitting)[-1]}]"
             if NEXT_PAGE in self.clickables():
                 return f"click[{NEXT_PAGE}]"

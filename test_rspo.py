@@ -1867,6 +1867,19 @@ def test_searching_action_succeeds_within_the_step_cap():
     assert won >= 90   # measured 97 (94 % on test seeds 0-255, 92 % on 1000 train seeds)
 
 
+def test_searching_action_recovers_after_random_actions():
+    rng = random.Random(0)
+    won = 0
+    for seed in range(200):
+        env = make_webshop_env("test", seed=seed)
+        _, info = env.reset()
+        for _ in range(rng.randint(1, 4)):
+            choices = [a for a in info["admissible_actions"] if a != "click[buy now]"]
+            _, _, _, info = env.step(rng.choice(choices))
+        won += _run_searching(env)[1]["won"]
+    assert won >= 150   # measured 174 (145 without going back to its own query)
+
+
 def test_searching_action_by_hand():
     # Test goal 4: `... coffee table with finish: matte black, and price lower than 140.00
     # dollars`. Results page 1 (rank: asin, price tag): 0 B0Y4S8SN4K $140.06 to $198.12 (over
