@@ -1693,6 +1693,23 @@ def render_done_page(reward):
     return f"{DONE_PAGE}{SEP}{reward:.2f}"
 
 
+def parse_instruction(instruction):
+    """What an instruction asks for, read from its text: the options after ` with ` and the price
+    cap, e.g. `... dress with color: navy, and size: small, and price lower than 80.00 dollars` ->
+    ({"color": "navy", "size": "small"}, 80.0)."""
+    text, _, price = instruction.partition(PRICE_CLAUSE)
+    budget = float(price.split()[0]) if price else math.inf
+    options = text.partition(" with ")[2]
+    wanted = dict(o.split(": ", 1) for o in options.split(", and ")) if options else {}
+    return wanted, budget
+
+
+def price_bounds(price_tag):
+    """A shown price tag, `$12.5` or `$5.25 to $6.84`, as (lowest, highest)."""
+    prices = [float(x) for x in re.findall(r"\$([\d.]+)", price_tag)]
+    return prices[0], prices[-1]
+
+
 def parse_action(action):
     """engine.py's parse_action: `name[arg]` -> (name, arg); anything else -> (action, None)."""
     m = re.match(r"(.+)\[(.+)\]", action) if isinstance(action, str) else None
@@ -1721,6 +1738,7 @@ class WebShopEnv:
 
     def reset(self):
         self._new_session()
+        self.searched, self.opened = set(), set()   # this episode's queries and opened asins
         self.steps, self.done, self.won, self.reward = 0, False, False, 0.0
         self.obs = self._render()
         self.info = self._info(dense=0.0, score=0.0)
@@ -1783,6 +1801,7 @@ class WebShopEnv:
     # -- transitions ---------------------------------------------------------------------------
     def _search(self, keywords):
         self.page, self.keywords, self.page_num = "results", keywords, 1
+        self.searched.add(keywords)
         self.results = self.catalog.search(keywords)
         self.asin, self.options = None, {}
 
@@ -1799,6 +1818,7 @@ class WebShopEnv:
             self.page_num += 1 if name == NEXT_PAGE else -1
         elif page == "results":
             self.page, self.asin, self.options = "item", self.catalog.index_of[name.upper()], {}
+            self.opened.add(name)
             return "view"
         elif page == "sub":   # `< prev`: back to the item page, options kept
             self.page = "item"
@@ -1875,6 +1895,57 @@ class WebShopEnv:
                 return f"click[{self.catalog.products[self.target]['asin'].lower()}]"
             return f"click[{NEXT_PAGE if target_page > self.page_num else PREV_PAGE}]"
         return f"search[{self.expert_query()}]"
+
+    # -- non-privileged demonstrator -----------------------------------------------------------
+    def searching_action(self):
+        """A demonstrator's next action from what an agent sees, unlike `expert_action`.
+
+        Sees: the instruction, the current page (a results page's asins, titles and price tags in
+        their shown order; an item page's option groups and values), the listed search queries,
+        the step count and cap, and what was done this episode (queries searched, products opened,
+        options clicked on this item page). Never reads the goal's product, attributes, options or
+        query, a product's hidden fields (attributes, exact price, nouns, category) or the reward.
+
+        Rule: search the instruction without its price clause (a listed query); open the best-ranked
+        shown product not opened yet whose price tag can fit the budget, one wholly under it first;
+        on its page click the instruction's option values and buy, or go back for the next result
+        when a stated value is not offered and enough steps are left to try another.
+        """
+        if self.done:
+            return f"click[{BUY_NOW}]"   # ignored after done, like any action
+        wanted, budget = parse_instruction(self.goal["instruction_text"])
+        # The search engine ranks by title and attribute words: option values and the price clause
+        # only add noise, so the instruction without its price clause is the query to use first.
+        core = self.goal["instruction_text"].split(PRICE_CLAUSE)[0].lower()
+        queries = sorted((q.lower() for q in self.queries), key=lambda q: (q != core, -len(q)))
+        if self.page == "search":
+            fresh = [q for q in queries if q not in self.searched]
+            return f"search[{(fresh or queries)[0]}]"
+        if self.page == "results" and queries[0] not in self.searched:   # another query's results
+            return f"click[{BACK_TO_SEARCH}]"
+        if self.page == "results":
+            start = (self.page_num - 1) * PRODUCT_WINDOW
+            fitting = []   # (may exceed the budget, rank on page, asin)
+            for rank, i in enumerate(self.results[start:start + PRODUCT_WINDOW]):
+                product = self.catalog.products[i]
+                low, high = price_bounds(product["Price"])
+                if product["asin"].lower() not in self.opened and low <= budget:
+                    fitting.append((high > budget, rank, product["asin"].lower()))
+            if fitting:   # the ranking also weighs words titles don't show; it beat title overlap
+                return f"click[{min(fitting)[-1]}]"
+            if NEXT_PAGE in self.clickables():
+                return f"click[{NEXT_PAGE}]"
+            return f"click[{BACK_TO_SEARCH}]"   # then the next listed query
+        if self.page == "sub":
+            return f"click[{PREV_PAGE}]"
+        offered = self._product()["options"]
+        if (not all(v in offered.get(g, ()) for g, v in wanted.items())
+                and self.max_steps - self.steps >= len(wanted) + 3):   # < prev, open, choose, buy
+            return f"click[{PREV_PAGE}]"
+        for group, value in wanted.items():   # out of steps: buy with what is offered
+            if value in offered.get(group, ()) and self.options.get(group) != value:
+                return f"click[{value}]"
+        return f"click[{BUY_NOW}]"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1918,6 +1918,84 @@ def test_webshop_expert_recovers_after_random_actions():
         assert _run_expert(env)[0], seed
 
 
+def _run_searching(env):
+    """The non-privileged demonstrator's actions until the episode ends, and the last info."""
+    actions, info = [], env.info
+    while not env.done:
+        actions.append(env.searching_action())
+        _, _, _, info = env.step(actions[-1])
+    return actions, info
+
+
+def test_searching_action_sees_only_the_visible_text():
+    # A world that shows the same pages but hides something else: the goal's product,
+    # attributes, options, query and cap are another goal's, and every product's hidden fields
+    # (attributes, exact price, nouns, category) are junk. The search index is the original one.
+    catalog = build_webshop_catalog()
+    scrambled = copy.copy(catalog)
+    scrambled.products = [dict(p, Attributes=["zz"], price=1e6, nouns=["zz"], query="zz",
+                               category="zz", product_category="zz") for p in catalog.products]
+    wins = Counter()
+    for seed in range(40):
+        env = make_webshop_env("test", seed=seed, max_steps=10)
+        other = catalog.goals[seed + 250]
+        hidden = {k: other[k] for k in ("asin", "attributes", "goal_options", "query", "name",
+                                        "nouns", "category", "product_category", "price_upper")}
+        twin = WebShopEnv(scrambled, dict(env.goal, **hidden), max_steps=10)
+        twin.queries = env.queries   # the listed queries are visible
+        twin.reset()
+        assert twin.obs == env.obs and twin.info["admissible_actions"] == env.info["admissible_actions"]
+        actions, info = _run_searching(env)
+        twin_actions, twin_info = _run_searching(twin)
+        assert twin_actions == actions, seed
+        wins["real"] += info["won"]
+        wins["twin"] += twin_info["won"]
+    assert wins["real"] > 30 and wins["twin"] == 0   # the hidden change does change the outcome
+
+
+def test_searching_action_succeeds_within_the_step_cap():
+    won = 0
+    for seed in range(100):
+        env = make_webshop_env("test", seed=seed, max_steps=10)
+        env.reset()
+        actions, info = _run_searching(env)
+        assert len(actions) <= 10 and actions[-1] == "click[buy now]", seed   # buys in time
+        won += info["won"]
+    assert won >= 90   # measured 97 (94 % on test seeds 0-255, 92 % on 1000 train seeds)
+
+
+def test_searching_action_recovers_after_random_actions():
+    rng = random.Random(0)
+    won = 0
+    for seed in range(200):
+        env = make_webshop_env("test", seed=seed)
+        _, info = env.reset()
+        for _ in range(rng.randint(1, 4)):
+            choices = [a for a in info["admissible_actions"] if a != "click[buy now]"]
+            _, _, _, info = env.step(rng.choice(choices))
+        won += _run_searching(env)[1]["won"]
+    assert won >= 150   # measured 174 (145 without going back to its own query)
+
+
+def test_searching_action_by_hand():
+    # Test goal 4: `... coffee table with finish: matte black, and price lower than 140.00
+    # dollars`. Results page 1 (rank: asin, price tag): 0 B0Y4S8SN4K $140.06 to $198.12 (over
+    # the cap), 1 B05HEYX529 $41.4, 2 B0SYZTHTSU $164.48 to $290.01 (over), 3 B0DCXR58PW
+    # $128.56 to $221.17 (may exceed it), 4 B04MX6522U $66.17 to $118.66. B05HEYX529 offers
+    # only espresso and natural oak; B04MX6522U offers walnut, espresso and matte black.
+    env = make_webshop_env("test", seed=4, max_steps=10)
+    env.reset()
+    actions, info = _run_searching(env)
+    assert actions == [
+        "search[find me a storage shelf and metal frame coffee table with finish: matte black]",
+        "click[b05heyx529]", "click[< prev]", "click[b04mx6522u]", "click[matte black]",
+        "click[buy now]"]
+    assert info["won"] and env.opened == {"b05heyx529", "b04mx6522u"}
+    env.reset()   # the memory goes with the episode
+    assert env.opened == set() and env.searched == set()
+    assert env.searching_action() == actions[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Fuzz and invariants
 # ---------------------------------------------------------------------------------------------
