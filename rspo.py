@@ -98,10 +98,11 @@ def build_parser():
     a("--explorer-offload", action=argparse.BooleanOptionalAction, default=False,
       help="keep A (weights and Adam state) in CPU memory while the explorer B trains, so one copy is on the GPU")
     # optimisation
-    a("--lr", type=float, default=None, help="Adam learning rate (default 1e-3 for tiny, 1e-6 otherwise)")
+    a("--lr", type=float, default=None, help="Adam learning rate (default 1e-4 for tiny, 1e-6 otherwise)")
     # warm start by imitation (SFT before RL), shared by every method
-    a("--warm-start", type=int, default=0,
-      help="before RL, imitate this many episodes of the searching demonstrator (offline envs; 0: start from scratch)")
+    a("--warm-start", type=int, default=None,
+      help="before RL, imitate this many episodes of the searching demonstrator (offline envs; 0: start from "
+           "scratch; default 1000 for the tiny model built here, 0 for a given --model)")
     a("--warm-start-epochs", type=int, default=3, help="passes over the demonstrations")
     a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
     a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
@@ -147,7 +148,8 @@ def build_parser():
     # evaluation, logging
     a("--eval-every", type=int, default=10, help="evaluate every N updates of A (0: start and end only)")
     a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
-    a("--eval-split", default=None, help="held-out split (default: valid_seen / test)")
+    a("--eval-split", default=None,
+      help="held-out split(s), comma-separated, e.g. valid_seen,valid_unseen (default: valid_seen / test)")
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
     a("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model; OpenMP threads contend on busy cores)")
     a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
@@ -182,7 +184,7 @@ def validate(cfg):
         (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
         (cfg.threads >= 0, "--threads must be >= 0 (0: torch's default)"),
         (cfg.lr is None or cfg.lr > 0, "--lr must be > 0"),
-        (cfg.warm_start >= 0 and cfg.warm_start_epochs >= 1 and cfg.warm_start_lr > 0,
+        ((cfg.warm_start or 0) >= 0 and cfg.warm_start_epochs >= 1 and cfg.warm_start_lr > 0,
          "--warm-start must be >= 0, --warm-start-epochs >= 1 and --warm-start-lr > 0"),
         (not cfg.warm_start or cfg.backend == "offline",
          "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
@@ -227,8 +229,10 @@ def validate(cfg):
     cfg.prompt = "compact" if cfg.model == "tiny" else saved.get("prompt", "full")
     if cfg.action_mode == "auto":
         cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
-    if cfg.lr is None:
-        cfg.lr = saved.get("lr", 1e-3 if cfg.prompt == "compact" else 1e-6)
+    if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
+        cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
+    if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
+        cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
     cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}")
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if cfg.prm_model == "tiny" else 1e-5
@@ -1139,15 +1143,19 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
 
 
 def evaluate(policy, cfg):
-    """Success (overall and per task type) and score on the fixed held-out panel, sampled at the
-    evaluation temperature. Uses its own RNG stream so evaluating never changes training."""
-    n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, cfg.eval_split, backend=cfg.backend, **cfg.env_options))
-    with own_rng(cfg.seed + 10_000, policy.device):
-        trajs = rollout(policy, cfg, range(n), cfg.eval_split, cfg.eval_temperature)
-    out = {"eval/success": float(np.mean([t.won for t in trajs])),
-           "eval/score": float(np.mean([t.score for t in trajs]))}
-    for kind in sorted({t.task_type for t in trajs}):
-        out[f"eval/success/{kind}"] = float(np.mean([t.won for t in trajs if t.task_type == kind]))
+    """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
+    for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
+    stream so evaluating never changes training."""
+    out = {}
+    for i, split in enumerate(cfg.eval_split.split(",")):
+        prefix = "eval" if i == 0 else f"eval_{split}"
+        n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
+        with own_rng(cfg.seed + 10_000, policy.device):
+            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature)
+        out[f"{prefix}/success"] = float(np.mean([t.won for t in trajs]))
+        out[f"{prefix}/score"] = float(np.mean([t.score for t in trajs]))
+        for kind in sorted({t.task_type for t in trajs}):
+            out[f"{prefix}/success/{kind}"] = float(np.mean([t.won for t in trajs if t.task_type == kind]))
     return out
 
 
@@ -1614,7 +1622,8 @@ def probe_env(cfg):
         _, info = env.reset()
         cfg.env_options["max_steps"] = min(cfg.max_steps, env.max_steps)
         cfg.train_tasks = envs.num_tasks(cfg.env, "train", backend=cfg.backend, **cfg.env_options)
-        envs.num_tasks(cfg.env, cfg.eval_split, backend=cfg.backend, **cfg.env_options)
+        for split in cfg.eval_split.split(","):
+            envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options)
     except (ValueError, RuntimeError, ImportError, TypeError, OSError) as e:
         raise ConfigError(f"--env {cfg.env}: {e}") from None
     if cfg.action_mode == "constrained" and not info.get("admissible_actions"):

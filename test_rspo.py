@@ -397,7 +397,7 @@ def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
 # ---------------------------------------------------------------------------------------------
 # The trainer end to end (tiny budgets)
 
-TINY = ["--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1", "--updates", "2",
+TINY = ["--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1", "--updates", "2", "--warm-start", "0",
         "--max-steps", "4", "--eval-episodes", "2", "--minibatch-size", "16", "--no-save-model", "--no-progress"]
 
 
@@ -550,6 +550,10 @@ def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
     assert len(after) == 3 and all(all(torch.equal(w[k], after[0][k]) for k in w) for w in after)
     cold = run(tmp_path / "cold", "--max-steps", "30", "--updates", "1")
     assert "warmstart/episodes" not in cold[0] and len(after) == 3
+    # by default the tiny model built here is warm-started, a given model (pretrained or saved) is not
+    defaults = {model: rspo.validate(rspo.build_parser().parse_args(["--model", model])).warm_start
+                for model in ("tiny", str(tmp_path / "cold"))}
+    assert defaults == {"tiny": 1000, str(tmp_path / "cold"): 0}
     # the imitation lowered the demonstrations' NLL from about log(number of admissible actions)
     assert first["warmstart/nll"] < 1.0
     refs.clear()
@@ -570,7 +574,7 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     run(tmp_path / "ck", "--updates", "1", "--save-every", "1")
     with pytest.raises(SystemExit):
         run(tmp_path / "ck", "--updates", "1", "--resume", "--lr", "0.01")
-    assert "has other settings: lr=0.001 there, 0.01 here" in capsys.readouterr().err
+    assert "has other settings: lr=0.0001 there, 0.01 here" in capsys.readouterr().err
     assert _metrics(tmp_path / "ck")[-1]["update"] == 1
     again = run(tmp_path, "--updates", "2", "--overwrite")
     assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
@@ -598,6 +602,31 @@ def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["prompt"] == "compact" and config["lr"] == 0.003 and records[-1]["updates/A"] == 2
     assert len(config["git_commit"]) == 40 and isinstance(config["git_dirty"], bool)
+
+
+def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
+    """scripts/evaluate.py RUN: the run's own panel gives back its last evaluation exactly (same weights, settings
+    and evaluation stream); --split/--episodes sample another panel with the same settings."""
+    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "run"), "--env", "webshop", "--eval-episodes", "8",
+                         "--max-steps", "8", "--warm-start", "40", "--env-options", '{"num_products": 300}',
+                         "--eval-split", "test,dev"])
+    capsys.readouterr()
+    spec = importlib.util.spec_from_file_location("evaluate", os.path.join(HERE, "scripts", "evaluate.py"))
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    evaluate.main([str(tmp_path / "run")])
+    again = json.loads(capsys.readouterr().out)
+    assert again["split"] == "test,dev" and 0 < again["eval/score"] < 1   # partial scores: a changed stream shows
+    assert {k: v for k, v in again.items() if k.startswith("eval/")} == \
+        {k: v for k, v in records[-1].items() if k.startswith("eval/")}
+    evaluate.main([str(tmp_path / "run"), "--split", "dev"])   # the run's second panel, its eval_dev/ keys
+    other = json.loads(capsys.readouterr().out)
+    assert other["split"] == "dev" and other["eval/score"] != again["eval/score"]
+    assert {k: v for k, v in other.items() if k.startswith("eval/")} == \
+        {k.replace("eval_dev/", "eval/"): v for k, v in records[-1].items() if k.startswith("eval_dev/")}
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(tmp_path)])
+    assert e.value.code == 2 and "needs config.json and model/" in capsys.readouterr().err
 
 
 def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
@@ -845,6 +874,7 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--device", "nope"], "--device nope: not a device", {}),
     (["--threads", "-1"], "--threads must be >= 0", {}),
     (["--lr", "0"], "--lr must be > 0", {}),
+    (["--eval-split", "valid_seen,nope"], "--env alfworld: ", {}),
     (["--warm-start", "-1"], "--warm-start must be >= 0", {}),
     (["--warm-start", "4", "--warm-start-epochs", "0"], "--warm-start-epochs >= 1", {}),
     (["--env", "alfworld", "--backend", "real", "--warm-start", "4"], "--warm-start needs --backend offline", {}),
