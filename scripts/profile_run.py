@@ -4,11 +4,13 @@
     python scripts/profile_run.py --env webshop            # flags replace the defaults of the same name
     python scripts/profile_run.py -- --env alfworld ...    # after --: exactly these rspo flags, no defaults
 
-Prints two tables. Phases (exclusive, they add up to the run): warm start, evaluation, training rollouts, update,
-setup/other. Components (inclusive, per phase): decoding (Policy.act, the sampler; or the demonstrator in the
-warm start), env construction (envs.make_env), env reset+step, prompt rendering (build_prompt + encode_prompt),
-scoring (rspo.score_steps, no gradients), forward with gradients (Policy.forward outside scoring), backward
-(Tensor.backward), optimizer step. Wall times on a loaded machine are inflated; the shares are the robust part.
+Prints two tables. Phases (exclusive, they add up to the run): warm start, evaluation, explorer B (--reward rspo),
+training rollouts, update, setup/other. Components (inclusive, per phase): decoding (Policy.act, the sampler; or
+the demonstrator in the warm start), env construction (envs.make_env), env reset+step, prompt rendering
+(build_prompt) and encoding (encode_prompt), scoring (rspo.score_steps, no gradients), forward with gradients
+(Policy.forward outside scoring), backward (Tensor.backward), optimizer step, model copy (deepcopy). Each row also
+has the peak RSS sampled (every 20 ms) while it ran. Wall times on a loaded machine are inflated; the shares are
+the robust part. --warm-start needs ALFWorld: profile WebShop with --env webshop --warm-start 0.
 """
 
 import copy
