@@ -54,7 +54,7 @@ SETTINGS = {
     "alfworld": ["--env", "alfworld", "--num-groups", "8", "--group-size", "8", "--max-steps", "30", *WARM,
                  "--updates", "100", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "valid_seen,valid_unseen"],
     "webshop": ["--env", "webshop", "--num-groups", "8", "--group-size", "8", "--max-steps", "10", *WARM,
-                "--updates", "100", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "test"],
+                "--updates", "40", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "test"],
 }
 # Equal total cost: the base algorithm run 2.5x as many updates (RSPO's explorer adds ~1.3x A's env steps).
 LONG = {env: ["--updates", str(int(2.5 * int(flags[flags.index("--updates") + 1])))] for env, flags in SETTINGS.items()}
