@@ -2326,7 +2326,8 @@ def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, m
     metrics = os.path.join(path, "metrics.jsonl")
     with open(metrics, "w") as f:
         f.write(json.dumps({"update": 0, "eval/success": 0.1}) + "\n")
-        f.write(json.dumps({"update": 12, "updates/A": 12, "eval/success": 0.5}) + "\n")
+        n = int(reproduce.flag(cmd, "--updates"))
+        f.write(json.dumps({"update": n, "updates/A": n, "eval/success": 0.5}) + "\n")
     calls = []
     monkeypatch.setattr(reproduce.subprocess, "run", lambda c, **kw: calls.append(c) or SimpleNamespace(returncode=0))
     status = lambda: reproduce.execute(job)[1]
@@ -2334,7 +2335,7 @@ def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, m
 
     line = reproduce.command_line(cmd)
     with open(os.path.join(path, "command.txt"), "w") as f:
-        f.write(line.replace("--eval-episodes 128", "--eval-episodes 64"))
+        f.write(line.replace(f"--eval-episodes {reproduce.flag(cmd, '--eval-episodes')}", "--eval-episodes 7"))
     before = files()
     assert not reproduce.complete(path, cmd)
     assert status() == f"made with other flags: left as it is (remove {path} to rerun)"
