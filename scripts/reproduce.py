@@ -313,7 +313,11 @@ def results_table(rows, experiments, reference=()):
     for env in sorted({k[0] for k in sel}):
         types = sorted({t for (e, _, _), rs in sel.items() if e == env for r in rs for t in r
                         if t.startswith("eval/success/")})
+        # The new regime's warm start: its own success is the start; RL's gain over it is paired per seed.
+        warm = any("warmstart_success" in r for rs in sel.values() for r in rs)
+        unseen = any("unseen_success" in r for (e, _, _), rs in sel.items() if e == env for r in rs)
         head = ["algo", "method", "n", "success (start → end)", "Δ vs outcome (same seeds)",
+                *(["RL's gain over the warm start"] if warm else []), *(["valid_unseen"] if unseen else []),
                 *(["score"] if env == "webshop" else []),
                 "A updates", "env steps (all)", "seconds (all)", *[t.split("/")[-1].replace("_", " ") for t in types]]
         lines = []
@@ -322,6 +326,8 @@ def results_table(rows, experiments, reference=()):
                 lines.append([algo, method, str(len(rs)),
                               f"{pct([r['start_success'] for r in rs])} → **{pct([r['success'] for r in rs])}**",
                               paired_difference(rs, rows),
+                              *([pct([r["success"] - r["start_success"] for r in rs])] if warm else []),
+                              *([pct([r.get("unseen_success", float("nan")) for r in rs])] if unseen else []),
                               *([pct([r["score"] for r in rs])] if env == "webshop" else []),
                               str(rs[0]["a_updates"]), num([r["env_steps_total"] for r in rs]),
                               num([r["wall_seconds"] for r in rs]), *[pct([r.get(t, float("nan")) for r in rs]) for t in types]])
