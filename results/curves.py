@@ -1,0 +1,29 @@
+"""Held-out curves per task type, mean over seeds, of the runs in results/main (printed as markdown).
+
+    python results/curves.py
+"""
+import glob
+import json
+import os
+import statistics
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+runs = defaultdict(list)   # (env, algo, method) -> [records with an evaluation]
+for path in sorted(glob.glob(os.path.join(HERE, "main", "*", "metrics.jsonl"))):
+    name = os.path.basename(os.path.dirname(path))
+    env, algo, rest = name.split("_", 2)
+    runs[env, algo, rest.rsplit("_s", 1)[0]].append([r for r in map(json.loads, open(path)) if "eval/success" in r])
+for (env, algo, method), evals in sorted(runs.items()):
+    keys = [k for k in evals[0][0] if k.startswith(("eval/success", "eval_valid_unseen/success"))]
+    print(f"### {env} {algo} {method} ({len(evals)} seeds)\n")
+    short = {"look_at_obj_in_light": "look", "pick_and_place_simple": "pick", "pick_clean_then_place_in_recep": "clean",
+             "pick_cool_then_place_in_recep": "cool", "pick_heat_then_place_in_recep": "heat",
+             "pick_two_obj_and_place": "two"}
+    labels = [("unseen " if k.startswith("eval_") else "") + short.get(k.split("/")[-1], "all") for k in keys]
+    print("| update | " + " | ".join(labels) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for i, first in enumerate(evals[0]):
+        cells = [f"{100 * statistics.mean(e[i][k] for e in evals):.1f}" for k in keys]
+        print(f"| {first['update']} | " + " | ".join(cells) + " |")
+    print()
