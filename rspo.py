@@ -1180,20 +1180,15 @@ def warm_start(policy, cfg):
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
     generator, lengths, nll = torch.Generator().manual_seed(cfg.seed + 40_000), sequence_lengths(steps), []
     policy.agent.train()
-    for _ in range(cfg.warm_start_epochs):
-        perm = torch.randperm(len(steps), generator=generator).tolist()
-        for i in range(0, len(perm), cfg.minibatch_size):
-            mb, loss = perm[i:i + cfg.minibatch_size], 0.0
-            tokens = sum(len(steps[j].response_ids) for j in mb)
-            for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
-                logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
-                part = imitation_loss(logp, mask) * (mask.sum().item() / tokens)   # token-mean over the minibatch
-                part.backward()
-                loss += float(part.detach())
-            nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            nll.append(loss)
+    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.warm_start_epochs, generator):
+        tokens, loss = sum(len(steps[j].response_ids) for j in mb), 0.0
+        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+            logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
+            part = imitation_loss(logp, mask) * (mask.sum().item() / tokens)   # token-mean over the minibatch
+            part.backward()
+            loss += float(part.detach())
+        optimizer_step(policy, optimizer, cfg)
+        nll.append(loss)
     per_epoch = -(-len(steps) // cfg.minibatch_size)
     return {"warmstart/episodes": len(trajs), "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
             "warmstart/nll": float(np.mean(nll[-per_epoch:]))}, len(steps), time.time() - start
@@ -1222,6 +1217,23 @@ def advantages_for(trajs, cfg, values):
                                 cfg.gigpo_mode == "std"), None
     adv, returns = gae_advantages(rewards, values, traj_ids, cfg.gamma, cfg.lam)
     return (adv - adv.mean()) / (adv.std() + 1e-8), returns  # batch whitening, as in CleanRL/verl
+
+
+def minibatches(n, size, epochs, generator):
+    """`epochs` shuffled passes over n samples, in minibatches of `size` indices."""
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n, size):
+            yield perm[start:start + size]
+
+
+def optimizer_step(policy, optimizer, cfg):
+    """Clip the gradient norm to --max-grad-norm and step; no gradients are held afterwards (B's phase needs
+    the room). Returns the norm before clipping."""
+    norm = float(nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def length_sorted_chunks(indices, lengths, size):
@@ -1264,41 +1276,36 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
     stats, n_mb = {}, 0
     coef = {"losses/policy_loss": 1.0, "losses/entropy": -cfg.ent_coef, "losses/kl": cfg.beta,
             "losses/value_loss": cfg.vf_coef}
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(len(steps), generator=generator).tolist()
-        for start in range(0, len(steps), cfg.minibatch_size):
-            mb = perm[start:start + cfg.minibatch_size]
-            tokens = sum(len(steps[i].response_ids) for i in mb)
-            acc = {}
-            for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
-                logp, mask, ent, values = policy.forward([steps[i] for i in idx], cfg.temperature,
-                                                         with_entropy=True)
-                dev = logp.device
-                old = _pad([old_logp[i] for i in idx]).to(dev)
-                behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
-                a = adv[idx].to(dev).unsqueeze(1)
-                pg, clipfrac = policy_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
-                terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
-                         "losses/entropy": masked_mean(ent, mask),
-                         "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}
-                if ref_logp is not None:
-                    terms["losses/kl"] = masked_mean(kl_k3(logp, _pad([ref_logp[i] for i in idx]).to(dev)), mask)
-                if returns is not None:
-                    terms["losses/value_loss"] = value_loss(values, old_values[idx].to(dev),
-                                                            returns[idx].to(dev), cfg.vf_clip)
-                # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
-                # value loss (a mean over states), so neither depends on how the minibatch is chunked.
-                token_share, sample_share = mask.sum().item() / tokens, len(idx) / len(mb)
-                share = {k: sample_share if k == "losses/value_loss" else token_share for k in terms}
-                sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
-                for k, v in terms.items():
-                    acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
-            acc["losses/grad_norm"] = float(nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)   # no gradients held between updates (B's phase needs the room)
-            for k, v in acc.items():
-                stats[k] = stats.get(k, 0.0) + v
-            n_mb += 1
+    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.epochs, generator):
+        tokens = sum(len(steps[i].response_ids) for i in mb)
+        acc = {}
+        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+            logp, mask, ent, values = policy.forward([steps[i] for i in idx], cfg.temperature,
+                                                     with_entropy=True)
+            dev = logp.device
+            old = _pad([old_logp[i] for i in idx]).to(dev)
+            behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
+            a = adv[idx].to(dev).unsqueeze(1)
+            pg, clipfrac = policy_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
+            terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
+                     "losses/entropy": masked_mean(ent, mask),
+                     "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}
+            if ref_logp is not None:
+                terms["losses/kl"] = masked_mean(kl_k3(logp, _pad([ref_logp[i] for i in idx]).to(dev)), mask)
+            if returns is not None:
+                terms["losses/value_loss"] = value_loss(values, old_values[idx].to(dev),
+                                                        returns[idx].to(dev), cfg.vf_clip)
+            # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
+            # value loss (a mean over states), so neither depends on how the minibatch is chunked.
+            token_share, sample_share = mask.sum().item() / tokens, len(idx) / len(mb)
+            share = {k: sample_share if k == "losses/value_loss" else token_share for k in terms}
+            sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
+            for k, v in terms.items():
+                acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
+        acc["losses/grad_norm"] = optimizer_step(policy, optimizer, cfg)
+        for k, v in acc.items():
+            stats[k] = stats.get(k, 0.0) + v
+        n_mb += 1
     return {k: v / n_mb for k, v in stats.items()}
 
 
@@ -1419,11 +1426,9 @@ class TrainState:
 def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
     """A's training loop; with --reward rspo, a B phase starts every k updates of A. Starts with the estimator's
     fit and an evaluation, or continues a checkpoint (--resume); checkpoints into out_dir every --save-every."""
-    warm = {}
     # A resumed run gets its weights from the checkpoint; it redoes the (deterministic) warm start only when the
     # KL reference, the warm-started policy, is needed.
-    if cfg.warm_start and (checkpoint is None or cfg.beta > 0):
-        warm = warm_start(policy, cfg)
+    warm = warm_start(policy, cfg) if cfg.warm_start and (checkpoint is None or cfg.beta > 0) else None
     ref = None
     if cfg.beta > 0:   # the starting policy, frozen: copied before a checkpoint's weights are loaded
         ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
@@ -1432,12 +1437,12 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
                            {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
                             "time/A_seconds": 0.0, "time/B_seconds": 0.0})
-        if warm:
+        if warm is not None:
             state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
         prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
         if dense.estimator is not None:
             state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-        record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm else {}), **prm_stats, **state.totals}
+        record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
         log(record)
     else:
         state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
