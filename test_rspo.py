@@ -531,8 +531,10 @@ def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
     real_warm_start, real_update, after, refs = rspo.warm_start, rspo.update, [], []
 
     def spy_warm_start(policy, cfg):
+        before = {k: v.clone() for k, v in policy.agent.state_dict().items()}
         out = real_warm_start(policy, cfg)
         after.append({k: v.clone() for k, v in policy.agent.state_dict().items()})
+        assert not torch.equal(before["lm.model.embed_tokens.weight"], after[-1]["lm.model.embed_tokens.weight"])
         return out
 
     def spy_update(policy, optimizer, trajs, cfg, generator, ref=None):
@@ -1937,14 +1939,19 @@ def test_expert_solves_every_goal(split, seeds):
         assert won and steps <= 15, (split, seed)
 
 
+def _random_clicks(env, info, rng):
+    """1-4 random admissible actions that do not buy: a start off the scripted agents' path."""
+    for _ in range(rng.randint(1, 4)):
+        choices = [a for a in info["admissible_actions"] if a != "click[buy now]"]
+        _, _, _, info = env.step(rng.choice(choices))
+
+
 def test_webshop_expert_recovers_after_random_actions():
     rng = random.Random(0)
     for seed in range(300):
         env = make_webshop_env("test", seed=seed)
         _, info = env.reset()
-        for _ in range(rng.randint(1, 4)):
-            choices = [a for a in info["admissible_actions"] if a != "click[buy now]"]
-            _, _, _, info = env.step(rng.choice(choices))
+        _random_clicks(env, info, rng)
         assert _run_expert(env)[0], seed
 
 
@@ -2000,9 +2007,7 @@ def test_searching_action_recovers_after_random_actions():
     for seed in range(200):
         env = make_webshop_env("test", seed=seed)
         _, info = env.reset()
-        for _ in range(rng.randint(1, 4)):
-            choices = [a for a in info["admissible_actions"] if a != "click[buy now]"]
-            _, _, _, info = env.step(rng.choice(choices))
+        _random_clicks(env, info, rng)
         won += _run_searching(env)[1]["won"]
     assert won >= 150   # measured 174 (145 without going back to its own query)
 
