@@ -126,8 +126,10 @@ def build_parser():
     a("--reward-scale", type=float, default=10.0, help="success reward (and dense-reward scale)")
     a("--invalid-penalty", type=float, default=0.1, help="penalty for an unparseable response")
     # dense rewards: the env's, or a learned progress estimator (SPA-RL), optionally with noise
-    a("--dense-reward", default="env", choices=["env", "learned"],
-      help="env: info['dense_reward']; learned: a progress estimator tanh(MLP(h)) fitted so sum_t r_t = won")
+    a("--dense-reward", default="env", choices=["env", "progress", "learned"],
+      help="env: info['dense_reward'] (event-style, re-earnable); progress: the env's aligned progress increments "
+           "(state-based, the best a learned estimator could do); learned: a progress estimator tanh(MLP(h)) "
+           "fitted so sum_t r_t = won")
     a("--dense-noise", type=float, default=0.0, help="std of seeded Gaussian noise added to every dense reward")
     a("--prm-model", default="tiny", help="estimator backbone: 'tiny' (own seeded weights) or an HF id / path")
     a("--prm-freeze", action=argparse.BooleanOptionalAction, default=False,
@@ -208,7 +210,7 @@ def validate(cfg):
              cfg.prm_refresh_epochs) >= 0 and cfg.prm_batch_size >= 1, "--prm-* counts must be >= 0"),
         (0.0 <= cfg.prm_expert_noise <= 1.0 and 0.0 <= cfg.prm_heldout < 1.0,
          "--prm-expert-noise must be in [0, 1] and --prm-heldout in [0, 1)"),
-        (cfg.dense_reward == "env" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
+        (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
          "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
         (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
         (not cfg.prm_path or not cfg.prm_refresh,
@@ -355,6 +357,23 @@ def value_loss(values, old_values, returns, clip):
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
+def replay_diagnostics(behav_logp, old_logp):
+    """How far replayed tokens' behaviour policy (the explorer B) is from A = pi_old, on tokens sampled from
+    pi_behav: KL(pi_behav || pi_old) per token (kl_k3, unbiased for samples from pi_behav), and the spread of
+    policy_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
+    centre = torch.exp(old_logp - behav_logp).float()
+    p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
+    return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
+            "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
+
+
+def novel_win_share(replayed, own_wins):
+    """Share of the replayed successful episodes on task types A's own rollouts have never won (own_wins:
+    counts "train/wins/<type>"): where the explorer leads A. None when nothing replayed was won."""
+    won = [t for t in replayed if t.won]
+    return float(np.mean([own_wins.get(f"train/wins/{t.task_type}", 0) == 0 for t in won])) if won else None
+
+
 def replay_groups(alpha, num_groups, update):
     """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
     PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
@@ -406,7 +425,7 @@ class Step:
     dense: float              # the process reward for this step: the env's, or relabelled (relabel_dense)
     invalid: bool             # unparseable response (generate mode)
     behav_logp: torch.Tensor | None = None  # behaviour policy's log-probs (buffer samples only)
-    progress_gain: float = 0.0  # change of the env's aligned info["progress"] (diagnostics, never trained on)
+    progress_gain: float = 0.0  # change of the env's aligned info["progress"] (--dense-reward progress, diagnostics)
 
 
 @dataclass
@@ -910,8 +929,8 @@ def expert_actor(policy, noise, rng, searching=False):
 
 @dataclass
 class DenseSource:
-    """Where dense rewards come from: the env's info["dense_reward"] (estimator None) or a progress
-    estimator with its optimizer and data; plus the seeded noise stream of --dense-noise."""
+    """Where dense rewards come from: the env (info["dense_reward"] or the progress increments; estimator
+    None) or a progress estimator with its optimizer and data; plus the seeded noise stream of --dense-noise."""
     noise_rng: np.random.Generator
     estimator: ProgressEstimator | None = None
     optimizer: torch.optim.Optimizer | None = None
@@ -921,10 +940,13 @@ class DenseSource:
 
 
 def relabel_dense(trajs, dense, sigma, cfg):
-    """The one path of every dense reward: Step.dense <- r_hat(s_t, a_t) when an estimator is given
-    (otherwise the env's value stays), then + N(0, sigma^2) per step (PAPER's robustness test). In place;
-    attach_rewards(..., "dense") then scales it by --reward-scale like the env's dense reward."""
+    """The one path of every dense reward: Step.dense <- progress_t - progress_{t-1} (--dense-reward progress),
+    or r_hat(s_t, a_t) when an estimator is given (otherwise the env's value stays), then + N(0, sigma^2) per
+    step (PAPER's robustness test). In place; attach_rewards(..., "dense") then scales it by --reward-scale."""
     steps = [s for t in trajs for s in t.steps]
+    if cfg.dense_reward == "progress":
+        for s in steps:
+            s.dense = s.progress_gain
     if dense.estimator is not None:
         for s, r in zip(steps, estimate_progress(dense.estimator, steps, cfg).tolist()):
             s.dense = r
@@ -1267,6 +1289,9 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
     steps = [s for t in trajs for s in t.steps]
     old_logp, old_values = score_steps(policy, steps, cfg)
     ref_logp = score_steps(ref, steps, cfg)[0] if ref is not None else None
+    replayed = [i for i, s in enumerate(steps) if s.behav_logp is not None]   # buffer samples
+    diagnostics = replay_diagnostics(torch.cat([steps[i].behav_logp for i in replayed]),
+                                     torch.cat([old_logp[i] for i in replayed])) if replayed else {}
     for s, lp in zip(steps, old_logp):
         if s.behav_logp is None:
             s.behav_logp = lp
@@ -1306,7 +1331,7 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
         for k, v in acc.items():
             stats[k] = stats.get(k, 0.0) + v
         n_mb += 1
-    return {k: v / n_mb for k, v in stats.items()}
+    return {**{k: v / n_mb for k, v in stats.items()}, **diagnostics}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1314,11 +1339,13 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
 
 
 def rollout_stats(trajs, prefix):
-    """Success and returns of a batch of rollouts, for logging."""
+    """Success (overall and per task type present), returns and length of a batch of rollouts, for logging."""
+    types = sorted({t.task_type for t in trajs})
     return {f"{prefix}/success": float(np.mean([t.won for t in trajs])),
             f"{prefix}/score": float(np.mean([t.score for t in trajs])),
             f"{prefix}/dense_return": float(np.mean([sum(s.dense for s in t.steps) for t in trajs])),
-            f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs]))}
+            f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs])),
+            **{f"{prefix}/success/{k}": float(np.mean([t.won for t in trajs if t.task_type == k])) for k in types}}
 
 
 def groups_of(trajs):
@@ -1336,9 +1363,10 @@ def attach_training_rewards(trajs, kind, cfg, dense):
     return attach_rewards(trajs, kind, cfg)
 
 
-def explore(policy, cfg, rng, generator, ref=None, dense=None):
+def explore(policy, cfg, rng, generator, ref, dense, seen):
     """PAPER steps 1-3: B <- copy(A); k updates of B on the explorer reward; B's fresh rollouts, with
-    B's log-probs, swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps).
+    B's log-probs, swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
+    observations B met to the set `seen` (its distinct states).
     B and its Adam state exist only inside this call (train then returns their memory to the device)."""
     explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
     optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.lr)  # fresh each cycle (inferred)
@@ -1349,8 +1377,11 @@ def explore(policy, cfg, rng, generator, ref=None, dense=None):
         update(explorer, optimizer, trajs, cfg, generator, ref)
         env_steps += sum(len(t.steps) for t in trajs)
         stats = rollout_stats(trajs, "explorer")
+        seen.update(s.obs for t in trajs for s in t.steps)
     trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
     env_steps += sum(len(t.steps) for t in trajs)
+    seen.update(s.obs for t in trajs for s in t.steps)
+    stats["explorer/distinct_states"] = len(seen)
     steps = [s for t in trajs for s in t.steps]
     for s, lp in zip(steps, score_steps(explorer, steps, cfg)[0]):
         s.behav_logp = lp
@@ -1419,7 +1450,8 @@ class TrainState:
     previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
     last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
     pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
-    seen_states: set = field(default_factory=set)
+    seen_states: set = field(default_factory=set)      # A's distinct observations
+    explorer_states: set = field(default_factory=set)  # B's
     wins: dict = field(default_factory=dict)
 
 
@@ -1455,7 +1487,8 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         if cfg.reward == "rspo" and cycle_pos == 0:
             if cfg.buffer_source == "explorer":
                 with offloaded(policy, optimizer, cfg.explorer_offload):
-                    buffer, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense)
+                    buffer, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref,
+                                                                   dense, state.explorer_states)
                 release_memory(policy.device)
                 state.totals["env_steps/B"] += b_steps
                 state.totals["updates/B"] += cfg.k
@@ -1475,6 +1508,9 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         batch = list(trajs)
         replay = [state.buffer[(state.replayed + j) % len(state.buffer)] for j in range(m)]
         state.replayed += m
+        novel = novel_win_share([t for g in replay for t in g], state.wins)
+        if novel is not None:
+            stats["buffer/novel_type_wins"] = novel
         count_wins(state.wins, trajs, "train")
         count_wins(state.wins, [t for g in replay for t in g], "buffer")
         for j, group in enumerate(replay):

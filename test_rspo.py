@@ -217,6 +217,44 @@ def test_replay_groups_schedule():
     assert rspo.replay_groups(0.0, 8, 1) == 0
 
 
+def test_replay_diagnostics_by_hand():
+    # behaviour (B) probs .5, .25; A's .25, .5: d = log(A / B) = log .5, log 2;
+    # k3 = e^d - d - 1 = .5 + .6931 - 1 = .1931 and 2 - .6931 - 1 = .3069, mean .25;
+    # clip centres c = A / B = .5, 2: percentiles by linear interpolation .5 + .1 x 1.5 = .65, .5 + .9 x 1.5 = 1.85
+    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.25])), torch.log(T([0.25, 0.5])))
+    assert out == pytest.approx({"buffer/explorer_kl": 0.25, "buffer/clip_centre_p10": 0.65,
+                                 "buffer/clip_centre_p90": 1.85}, abs=1e-4)
+    # the direction: B .5, A .25 on both tokens: KL(B || A) per token e^d - d - 1 at d = log .5 is .1931
+    # (KL(A || B) would be .3069)
+    assert rspo.replay_diagnostics(torch.log(T([0.5, 0.5])), torch.log(T([0.25, 0.25])))["buffer/explorer_kl"] == \
+        pytest.approx(0.1931, abs=1e-4)
+    same = rspo.replay_diagnostics(torch.log(T([0.3, 0.6])), torch.log(T([0.3, 0.6])))
+    assert same == pytest.approx({"buffer/explorer_kl": 0.0, "buffer/clip_centre_p10": 1.0, "buffer/clip_centre_p90": 1.0})
+
+
+def test_novel_win_share_counts_replayed_wins_on_types_a_never_won():
+    def traj(kind, won):
+        return replace(_traj(won, [0.0]), task_type=kind)
+    own = {"train/wins/heat": 3, "train/wins/look": 0}
+    replayed = [traj("heat", True), traj("look", True), traj("clean", True), traj("clean", False), traj("cool", False)]
+    assert rspo.novel_win_share(replayed, own) == pytest.approx(2 / 3)   # look (0 wins) and clean (never played)
+    assert rspo.novel_win_share([traj("heat", False)], own) is None
+
+
+def test_progress_dense_reward_is_the_progress_increment():
+    # the env's event reward stays unless --dense-reward progress; then each step's reward is its progress gain
+    def trajs():
+        t = _traj(True, [0.3, 0.0, 0.3])
+        for s, gain in zip(t.steps, [0.5, -0.25, 0.75]):
+            s.progress_gain = gain
+        return [t]
+    source = rspo.DenseSource(np.random.default_rng(0))
+    env = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="env"))
+    assert [s.dense for s in env[0].steps] == [0.3, 0.0, 0.3]
+    progress = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="progress"))
+    assert [s.dense for s in progress[0].steps] == [0.5, -0.25, 0.75]   # sums to the final progress, 1.0
+
+
 # ---------------------------------------------------------------------------------------------
 # Policy wrapper: tokenizer, constrained decoding, log-probs
 
@@ -685,8 +723,8 @@ def _same_rows(rows, expected):
     return not left
 
 
-@pytest.mark.parametrize("algo, sampling", [("gigpo", "reward"), ("ppo", "variance")])
-def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling):
+@pytest.mark.parametrize("algo, sampling, dense", [("gigpo", "reward", "env"), ("ppo", "variance", "progress")])
+def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense):
     explore, update, loss_fn = rspo.explore, rspo.update, rspo.policy_loss   # update: update_calls' spy
     move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
     rollout, rollouts = rspo.rollout, itertools.count()
@@ -739,6 +777,8 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
             for t in trajs:
                 assert torch.allclose(t.rewards, _by_hand(t, cfg.explorer_reward, cfg)), \
                     f"B trained on {t.rewards.tolist()}, not its {cfg.explorer_reward} reward"
+                if cfg.dense_reward == "progress":   # 9: --dense-reward progress: B's dense reward is the increment
+                    assert [s.dense for s in t.steps] == [s.progress_gain for s in t.steps]
             shown["B dense != outcome"] += any(
                 not torch.allclose(_by_hand(t, "dense", cfg), _by_hand(t, "outcome", cfg)) for t in trajs)
             anchor_calls.clear()
@@ -773,6 +813,11 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                 f"policy loss {stats['losses/policy_loss']:.6f}, by hand {float(expected):.6f} " \
                 f"(with behav_logp ignored: {float(ignored):.6f})"
             shown["loss depends on behav"] += abs(float(expected - ignored)) > 1e-3
+            # the off-policy diagnostics are taken on the replayed tokens only: B's log-probs against pi_old
+            d = torch.cat([o - b for o, b, r in zip(old, behav, replayed) if r])
+            assert stats["buffer/explorer_kl"] == pytest.approx(float((torch.exp(d) - d - 1).mean()), rel=1e-4)
+            assert stats["buffer/clip_centre_p90"] == pytest.approx(float(torch.quantile(torch.exp(d), 0.9)), rel=1e-4)
+            shown["B != A"] += stats["buffer/explorer_kl"] > 1e-4
         for group_ids, anchors in anchor_calls:   # 10: GiGPO's anchor = the observation, within a group
             anchors = anchors.tolist() if torch.is_tensor(anchors) else list(anchors)
             index = [i for t in trajs for i in range(len(t.steps))]
@@ -807,7 +852,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                       ("policy_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
                       ("gigpo_advantages", spy_gigpo)]:
         monkeypatch.setattr(rspo, name, spy)
-    run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling)
+    run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense)
 
     # 11: --explorer-offload moves A out before B's phase and back to A's own device after it
     assert events == ["move to cpu", "explore", "move to cpu:0"] * 2, events
@@ -832,7 +877,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
     if sampling == "variance":
         assert any(c["mean"][g] > c["mean"][h] and c["std"][g] < c["std"][h] for c in cycles
                    for g in c["mean"] for h in c["mean"])
-    assert shown["B dense != outcome"] and shown["loss depends on behav"] >= 4, shown
+    assert shown["B dense != outcome"] and shown["loss depends on behav"] >= 4 and shown["B != A"] >= 4, shown
     if algo == "gigpo":
         assert shown["same obs, other prompt"] and shown["same step index, other obs"], shown
 
@@ -2319,6 +2364,24 @@ def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"upda\n{"update": 1}\n')
     with pytest.raises(ValueError, match="metrics.jsonl: line 2 "):
         reproduce.read_metrics(tmp_path)
+
+
+def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce):
+    """The pre-registered analysis by hand: Δ per seed on the seeds both methods have, mean Δ, and the 95 % interval
+    mean ± t(.975, n - 1) sd / sqrt(n). Diffs .10, .00, .05, -.02, .08: mean .042, sd .051186, half-width
+    2.776 x .051186 / sqrt 5 = .06355."""
+    m, lo, hi = reproduce.paired_interval([0.10, 0.0, 0.05, -0.02, 0.08])
+    assert (m, lo, hi) == pytest.approx((0.042, 0.042 - 0.06355, 0.042 + 0.06355), abs=1e-5)
+    def row(method, seed, success, env="alfworld"):
+        return {"experiment": "main", "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success}
+    rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
+            row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
+            row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop")]
+    text = "\n".join(reproduce.primary_table(rows))
+    # seeds 0 and 200 only (600 has no base run): +10.0 and -4.0, mean +3.0, sd 9.899, t(1) = 12.706 -> ±88.9
+    assert "| 0 | 40.0 | 50.0 | +10.0 |" in text and "| 200 | 50.0 | 46.0 | -4.0 |" in text and "| 600 " not in text
+    assert "**+3.0** [-85.9, +91.9]" in text
+    assert reproduce.primary_table([r for r in rows if r["method"] != "rspo_progress"]) == []
 
 
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):

@@ -59,16 +59,19 @@ SETTINGS = {
 # Equal total cost: the base algorithm run 2.5x as many updates (RSPO's explorer adds ~1.3x A's env steps).
 LONG = {env: ["--updates", str(int(2.5 * int(flags[flags.index("--updates") + 1])))] for env, flags in SETTINGS.items()}
 
-# method name -> extra flags. `outcome` is the base algorithm; `rspo` uses the learned progress estimator
-# (the paper's dense reward), fitted once per env and seed and shared by every run that uses it, like the
-# paper's fixed PRM; `rspo_envdense` uses the environment's event-style dense reward.
+# method name -> extra flags. `outcome` is the base algorithm; `rspo_progress` gives the explorer the env's
+# aligned progress increments (the best a learned estimator could do); `rspo` uses the learned progress
+# estimator (the paper's dense reward), fitted once per env and seed and shared by every run that uses it, like
+# the paper's fixed PRM; `rspo_envdense` uses the environment's event-style dense reward.
 LEARNED = ["--dense-reward", "learned", "--prm-path", "{results}/estimators/{env}_s{seed}.pt"]
 METHODS = {
     "outcome": ["--reward", "outcome"],
     "outcome_long": ["--reward", "outcome", "{long}"],
+    "rspo_progress": ["--reward", "rspo", "--dense-reward", "progress"],
     "rspo": ["--reward", "rspo", *LEARNED],
     "rspo_envdense": ["--reward", "rspo", "--dense-reward", "env"],
     "dense": ["--reward", "dense", "--dense-reward", "env"],
+    "dense_progress": ["--reward", "dense", "--dense-reward", "progress"],
     "rspo_sampling_variance": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "variance"],
     "rspo_sampling_random": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "random"],
     "rspo_h": ["--reward", "rspo", "--buffer-source", "self"],
@@ -83,8 +86,8 @@ METHODS = {
 
 # experiment -> (methods, algorithms, environments), in the order they run: the most important first.
 EXPERIMENTS = {
-    "main": (["outcome", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
-    "dense": (["dense"], ["grpo"], ["alfworld", "webshop"]),
+    "main": (["outcome", "rspo_progress", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
+    "dense": (["dense", "dense_progress"], ["grpo"], ["alfworld", "webshop"]),
     "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
     "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
     "sweeps": (["rspo_alpha0", "rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
@@ -259,6 +262,9 @@ def final_rows(results):
                 **({"warmstart_success": records[0]["eval/success"], "env_steps_warmstart": last["env_steps/warmstart"],
                     "seconds_warmstart": round(last["time/warmstart_seconds"], 1)} if "env_steps/warmstart" in last else {}),
                 **({"unseen_success": last["eval_valid_unseen/success"]} if "eval_valid_unseen/success" in last else {}),
+                # how far the explorer is from A on the replayed tokens (runs logged before rspo.py had them: none)
+                **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
+                   "buffer/clip_centre_p90", "buffer/novel_type_wins") if any(k in r for r in records)},
                 "path": os.path.relpath(path, ROOT)})
     return rows
 
@@ -303,6 +309,41 @@ def paired_difference(rs, rows):
     return pct(diffs) if diffs else "–"
 
 
+# Student's t, two-sided 95 %, by degrees of freedom (n - 1 for n paired seeds)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+PRIMARY = ("alfworld", "grpo", "rspo_progress")   # pre-registered in results/README.md: this vs `outcome`
+
+
+def paired_interval(diffs):
+    """(mean, low, high): the mean of paired differences and its 95 % Student-t interval (NaN below 2 pairs)."""
+    m = statistics.mean(diffs)
+    if len(diffs) < 2:
+        return m, float("nan"), float("nan")
+    half = T975[len(diffs) - 1] * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return m, m - half, m + half
+
+
+def primary_table(rows):
+    """The pre-registered primary comparison: final held-out success of PRIMARY minus the base algorithm's,
+    paired by seed, with the mean difference and its 95 % interval. [] before its first run."""
+    env, algo, method = PRIMARY
+    base = {r["seed"]: r for r in rows if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, "outcome")}
+    rs = sorted((r for r in rows if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, method)
+                 and r["seed"] in base), key=lambda r: r["seed"])
+    if not rs:
+        return []
+    diffs = [r["success"] - base[r["seed"]]["success"] for r in rs]
+    m, lo, hi = paired_interval(diffs)
+    lines = [[str(r["seed"]), f"{100 * base[r['seed']]['success']:.1f}", f"{100 * r['success']:.1f}", f"{100 * d:+.1f}"]
+             for r, d in zip(rs, diffs)]
+    lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
+                  f"{100 * statistics.mean(r['success'] for r in rs):.1f}",
+                  f"**{100 * m:+.1f}** [{100 * lo:+.1f}, {100 * hi:+.1f}]"])
+    return [f"## Pre-registered primary comparison: {method}+{algo} vs {algo} on {env} (results/README.md)", "",
+            "Final held-out success (%), paired by seed; the mean difference with its 95 % Student-t interval.", "",
+            *table(["seed", algo, f"{method}+{algo}", "Δ"], lines)]
+
+
 def results_table(rows, experiments, reference=()):
     """Success (and WebShop's score, ALFWorld's task types) with the costs, mean ± std over seeds.
     reference: methods of the main experiment shown first, for the (env, algo) pairs the table has."""
@@ -336,12 +377,21 @@ def results_table(rows, experiments, reference=()):
 
 
 def diagnostics_table(rows, experiments):
+    """One row per (env, algo, method); the explorer's distance from A only where runs logged it."""
+    kl = any("explorer_kl" in r for r in rows)
     head = ["env", "algo", "method", "A's training success", "explorer success", "buffer groups with a success",
+            *(["KL(B ‖ A) per token", "clip centre p10 / p90", "replayed wins on types A never won"] if kl else []),
             "distinct states (A)", "env steps A / B / estimator", "seconds A / B / estimator"]
     lines = []
     for (env, algo, method), rs in groups(rows, experiments).items():
+        def val(k, fmt):
+            vals = finite([r.get(k, float("nan")) for r in rs])
+            return fmt.format(statistics.mean(vals)) if vals else "–"
         lines.append([env, algo, method, pct([r["train_success"] for r in rs]), pct([r["explorer_success"] for r in rs]),
-                      pct([r["buffer_groups_with_success"] for r in rs]), num([r["distinct_states"] for r in rs]),
+                      pct([r["buffer_groups_with_success"] for r in rs]),
+                      *([val("explorer_kl", "{:.4f}"), f"{val('clip_centre_p10', '{:.2f}')} / {val('clip_centre_p90', '{:.2f}')}",
+                         pct([r.get("novel_type_wins", float("nan")) for r in rs])] if kl else []),
+                      num([r["distinct_states"] for r in rs]),
                       " / ".join(num([r[f"env_steps_{k}"] for r in rs]) for k in ("A", "B", "prm")),
                       " / ".join(num([r[f"seconds_{k}"] for r in rs]) for k in ("A", "B", "prm"))])
     return table(head, lines)
@@ -417,6 +467,7 @@ def tables(rows):
     out = ["# Results tables (generated by `python scripts/reproduce.py --report`)", "",
            "Held-out success (%) at the start and end of training, mean ± std over the seeds (n); WebShop's",
            "score is the mean purchase reward × 100. Costs include the explorer B and the progress estimator's fit.", "",
+           *primary_table(rows),
            "## Main comparison: base algorithm vs RSPO (learned progress estimator) vs RSPO (env dense reward)", "",
            *results_table(rows, {"main"}),
            "## Diagnostics", "", "explorer success: B's success on its last training batch of each cycle, mean over",
@@ -511,7 +562,8 @@ def figures(rows, results):
 FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
-NEW_FIELDS = ["warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart"]
+NEW_FIELDS = ["warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
+              "clip_centre_p10", "clip_centre_p90", "novel_type_wins"]
 
 
 def report(results=None):
