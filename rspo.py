@@ -131,11 +131,14 @@ def build_parser():
            "(state-based, the best a learned estimator could do); learned: a progress estimator tanh(MLP(h)) "
            "fitted so sum_t r_t = won")
     a("--dense-noise", type=float, default=0.0, help="std of seeded Gaussian noise added to every dense reward")
-    a("--prm-model", default="tiny", help="estimator backbone: 'tiny' (own seeded weights) or an HF id / path")
+    a("--prm-model", default="policy",
+      help="estimator backbone: 'policy' (a copy of the starting policy's, after the warm start: SPA-RL initialises "
+           "its estimator from the policy), 'tiny' (own seeded weights) or an HF id / path")
     a("--prm-freeze", action=argparse.BooleanOptionalAction, default=False,
       help="freeze the estimator's backbone and train only the MLP head (features computed once)")
-    a("--prm-warmup-episodes", type=int, default=64, help="estimator data: episodes of the initial policy")
-    a("--prm-expert-episodes", type=int, default=256, help="estimator data: episodes of the env's scripted expert")
+    a("--prm-warmup-episodes", type=int, default=256,
+      help="estimator data: episodes of the starting policy (mixed outcomes, as SPA-RL's)")
+    a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
     a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
     a("--prm-epochs", type=int, default=30, help="passes over the estimator's data before RL starts")
     a("--prm-refresh", type=int, default=0,
@@ -237,7 +240,7 @@ def validate(cfg):
         cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
     cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}")
     if cfg.prm_lr is None:
-        cfg.prm_lr = 1e-3 if cfg.prm_model == "tiny" else 1e-5
+        cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
     if cfg.reward == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
         raise ConfigError("--alpha leaves no on-policy group")
@@ -1039,7 +1042,8 @@ def add_estimator_data(dense, source, trajs, cfg, rng):
 
 # What the estimator's fit depends on: a --prm-path file is reused only when all of these match.
 ESTIMATOR_SETTINGS = ("env", "env_options", "backend", "seed", "model", "action_mode", "history", "max_steps",
-                      "temperature", "group_size", "micro_batch_size", "max_grad_norm", "dtype", "prm_model",
+                      "temperature", "group_size", "micro_batch_size", "max_grad_norm", "dtype", "warm_start",
+                      "warm_start_epochs", "warm_start_lr", "prm_model",
                       "prm_freeze", "prm_warmup_episodes", "prm_expert_episodes", "prm_expert_noise",
                       "prm_epochs", "prm_lr", "prm_batch_size", "prm_heldout")
 
@@ -1062,11 +1066,13 @@ def load_saved_estimator(cfg):
 
 
 def dense_source(policy, cfg):
-    """--dense-reward env: the env's values (plus noise). learned: a progress estimator on its own backbone
-    (--prm-model, own seeded weights) with its Adam, not fitted yet (fit_dense_source)."""
+    """--dense-reward env / progress: the env's values (plus noise). learned: a progress estimator on its own
+    backbone (--prm-model: the policy's architecture, whose starting weights fit_dense_source copies in; or its
+    own) with its Adam, not fitted yet (fit_dense_source)."""
     dense = DenseSource(np.random.default_rng(cfg.seed + 20_000))
     if cfg.dense_reward == "learned":
-        lm, tok = build_lm(cfg.prm_model, cfg, cfg.seed + 1, flag="--prm-model")
+        name = cfg.model if cfg.prm_model == "policy" else cfg.prm_model
+        lm, tok = build_lm(name, cfg, cfg.seed + 1, flag="--prm-model")
         dense.estimator = ProgressEstimator(lm, tok, policy.tok, cfg.prm_freeze).to(policy.device)
         dense.optimizer = torch.optim.Adam([p for p in dense.estimator.parameters() if p.requires_grad],
                                            lr=cfg.prm_lr)
@@ -1075,8 +1081,9 @@ def dense_source(policy, cfg):
 
 
 def fit_dense_source(dense, policy, cfg):
-    """A learned source: collect the initial policy's rollouts (--prm-warmup-episodes) and the noisy expert's
-    episodes (--prm-expert-episodes), fit the estimator for --prm-epochs -- or load that fit from --prm-path.
+    """A learned source: with --prm-model policy, start the estimator's backbone from the starting policy's
+    weights (after the warm start); collect the starting policy's rollouts (--prm-warmup-episodes) and the noisy
+    expert's episodes (--prm-expert-episodes), fit the estimator for --prm-epochs -- or load that fit from --prm-path.
     The fit draws from its own RNG streams, so fitting and loading leave training identical.
     Returns (stats, env steps, seconds), the last two being the fit's cost."""
     if dense.estimator is None:
@@ -1087,6 +1094,8 @@ def fit_dense_source(dense, policy, cfg):
         cfg.prm_data = dense.sources = saved["sources"]
         return saved["stats"], saved["env_steps"], saved["seconds"]
     start = time.time()
+    if cfg.prm_model == "policy":
+        dense.estimator.lm.load_state_dict(policy.agent.lm.state_dict())
     data_rng = np.random.default_rng(cfg.seed + 30_000)
     collected = []
     with own_rng(cfg.seed + 30_000, policy.device):

@@ -2334,6 +2334,37 @@ def test_learned_dense_reward_replaces_the_env_values(tmp_path):
     assert abs(learned[1]["train/dense_return"]) < 0.05
 
 
+def test_estimator_starts_from_the_starting_policy(monkeypatch):
+    """--prm-model policy (the default): the estimator's backbone starts as a copy of the policy after its warm
+    start (SPA-RL initialises its estimator from the policy), not the policy before it nor other weights, and a
+    copy, not the policy itself. --prm-model tiny keeps weights of its own."""
+    seen = {}
+    fit = rspo.fit_estimator
+    def spy_fit(dense, cfg, epochs, generator, **kwargs):
+        seen["at_fit"] = {k: v.clone() for k, v in dense.estimator.lm.state_dict().items()}
+        return fit(dense, cfg, epochs, generator, **kwargs)
+    monkeypatch.setattr(rspo, "fit_estimator", spy_fit)
+    for prm_model in ("policy", "tiny"):
+        cfg = rspo.validate(rspo.build_parser().parse_args([
+            "--dense-reward", "learned", "--prm-model", prm_model, "--max-steps", "3", "--group-size", "2",
+            "--warm-start", "4", "--warm-start-epochs", "1", "--prm-warmup-episodes", "4", "--prm-epochs", "2",
+            "--no-progress"]))
+        rspo.probe_env(cfg)
+        policy = rspo.build_policy(cfg, torch.device("cpu"))
+        before = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
+        dense = rspo.dense_source(policy, cfg)
+        rspo.warm_start(policy, cfg)
+        started = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
+        assert any(not torch.equal(before[k], started[k]) for k in before)   # the warm start moved the policy
+        rspo.fit_dense_source(dense, policy, cfg)
+        same = all(torch.equal(started[k], v) for k, v in seen["at_fit"].items())
+        assert same == (prm_model == "policy"), prm_model
+        with torch.no_grad():   # a copy: training the estimator's backbone leaves the policy as it was
+            next(dense.estimator.lm.parameters()).add_(1.0)
+        assert all(torch.equal(started[k], v) for k, v in policy.agent.lm.state_dict().items())
+    assert cfg.prm_lr == 1e-3 and rspo.build_parser().parse_args([]).prm_expert_episodes == 0
+
+
 def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
     pytest.importorskip("alfworld")
     for t in range(2):
