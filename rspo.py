@@ -140,7 +140,7 @@ def build_parser():
       help="estimator data: episodes of the starting policy (mixed outcomes, as SPA-RL's)")
     a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
     a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
-    a("--prm-epochs", type=int, default=30, help="passes over the estimator's data before RL starts")
+    a("--prm-epochs", type=int, default=10, help="passes over the estimator's data before RL starts")
     a("--prm-refresh", type=int, default=0,
       help="every N updates of A, add A's rollouts to the estimator's data and refit (0: never)")
     a("--prm-refresh-epochs", type=int, default=3, help="passes over the accumulated data per refresh")
