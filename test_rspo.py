@@ -2183,7 +2183,8 @@ def test_prm_loss_by_hand():
     assert rspo.prm_loss(T([1.0, 0.0, 0.0]), T([1, 0, 0]), T([1.0, 0.0])).item() == pytest.approx(1.0)
 
 
-PRM_CFG = SimpleNamespace(micro_batch_size=64, prm_batch_size=8, progress=False, max_grad_norm=1.0)
+PRM_CFG = SimpleNamespace(micro_batch_size=64, prm_batch_size=8, progress=False, max_grad_norm=1.0,
+                         dense_reward="learned")
 
 
 def _estimator(seed=0, freeze=False, lr=3e-3):
@@ -2538,7 +2539,7 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
     monkeypatch.setattr(reproduce, "SETTINGS", {"alfworld": [
         "--env", "alfworld", "--num-groups", "8", "--group-size", "2", "--max-steps", "4", "--updates", "3",
         "--k", "1", "--eval-every", "3", "--eval-episodes", "2", "--prm-warmup-episodes", "2",
-        "--prm-expert-episodes", "4", "--prm-epochs", "1"]})
+        "--prm-expert-episodes", "4", "--prm-epochs", "1", "--warm-start", "8", "--warm-start-epochs", "1"]})
     monkeypatch.setattr(reproduce, "LONG", {"alfworld": ["--updates", "6"]})
     monkeypatch.setattr(reproduce, "EXPERIMENTS", {"main": (["outcome", "rspo"], ["grpo"], ["alfworld"]),
                                                    "equal_cost": (["outcome_long"], ["grpo"], ["alfworld"])})
