@@ -1128,6 +1128,18 @@ def refresh_estimator(dense, trajs, cfg, rng, generator):
     return fit_estimator(dense, cfg, cfg.prm_refresh_epochs, generator, desc="refresh estimator")
 
 
+def refresh_if_due(dense, trajs, cfg, state, u):
+    """--prm-refresh N: keep A's rollouts; every N updates refit the estimator on them (refresh_estimator)."""
+    state.pending += trajs
+    if u % cfg.prm_refresh:
+        return {}
+    start = time.time()
+    stats = refresh_estimator(dense, state.pending, cfg, state.rng, state.generator)
+    state.pending = []
+    state.totals["time/prm_seconds"] += time.time() - start
+    return stats
+
+
 # ----------------------------------------------------------------------------------------------
 # Rollout: groups of episodes, batched across environments (one decoding pass per env step)
 
@@ -1397,11 +1409,28 @@ def explore(policy, cfg, rng, generator, ref, dense, seen):
     return reward_swap(trajs, cfg.reward_scale, cfg.invalid_penalty), stats, env_steps
 
 
-def order_buffer(buffer, cfg, generator):
-    """The buffer's groups in replay order (reward / variance / random priority)."""
-    groups = list(groups_of(buffer).values())
-    outcomes = _pad([torch.stack([t.rewards.sum() for t in g]) for g in groups])
-    return [groups[i] for i in buffer_order(outcomes, cfg.buffer_sampling, generator).tolist()]
+@dataclass
+class ReplayBuffer:
+    """PAPER step 4: one cycle's swapped groups in replay order, and a cursor. Refilled every cycle; A's
+    update u takes the next m_u groups (replay_groups), wrapping around when the cycle needs more than it holds."""
+    groups: list = field(default_factory=list)   # lists of trajectories, highest priority first
+    cursor: int = 0                              # groups handed out this cycle
+
+    def refill(self, trajs, mode, generator):
+        """A new cycle: the trajectories' groups ordered by --buffer-sampling (buffer_order), the cursor at 0."""
+        groups = list(groups_of(trajs).values())
+        if groups:
+            outcomes = _pad([torch.stack([t.rewards.sum() for t in g]) for g in groups])
+            groups = [groups[i] for i in buffer_order(outcomes, mode, generator).tolist()]
+        self.groups, self.cursor = groups, 0
+
+    def take(self, m, first_id):
+        """The next m groups, renumbered first_id, first_id + 1, ... so they never share an id with A's own
+        groups (GRPO/GiGPO normalise within a group)."""
+        out = [[replace(t, group=first_id + j) for t in self.groups[(self.cursor + j) % len(self.groups)]]
+               for j in range(m)]
+        self.cursor += m
+        return out
 
 
 def buffer_stats(groups):
@@ -1454,8 +1483,7 @@ class TrainState:
     rng: np.random.Generator     # which tasks are played (and the estimator's data splits)
     generator: torch.Generator   # minibatch order and buffer ties
     totals: dict                 # updates, env steps and seconds of A, B and the estimator
-    buffer: list = field(default_factory=list)         # this cycle's buffer groups, in replay order
-    replayed: int = 0                                   # buffer groups replayed so far this cycle: the cursor
+    buffer: ReplayBuffer = field(default_factory=ReplayBuffer)
     previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
     last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
     pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
@@ -1464,82 +1492,90 @@ class TrainState:
     wins: dict = field(default_factory=dict)
 
 
-def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
-    """A's training loop; with --reward rspo, a B phase starts every k updates of A. Starts with the estimator's
-    fit and an evaluation, or continues a checkpoint (--resume); checkpoints into out_dir every --save-every."""
-    # A resumed run gets its weights from the checkpoint; it redoes the (deterministic) warm start only when the
-    # KL reference, the warm-started policy, is needed.
+def start_run(cfg, policy, dense, optimizer, log, checkpoint):
+    """Before A's first update: the warm start, the KL reference (the starting policy, frozen), the estimator's
+    fit and the evaluation of line 0 -- or a checkpoint's state. A resumed run redoes the (deterministic) warm
+    start only when the reference needs it; the reference is copied before a checkpoint's weights are loaded.
+    Returns (TrainState, reference policy or None, the last record logged)."""
     warm = warm_start(policy, cfg) if cfg.warm_start and (checkpoint is None or cfg.beta > 0) else None
     ref = None
-    if cfg.beta > 0:   # the starting policy, frozen: copied before a checkpoint's weights are loaded
+    if cfg.beta > 0:
         ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
-    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
-    if checkpoint is None:
-        state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
-                           {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
-                            "time/A_seconds": 0.0, "time/B_seconds": 0.0})
-        if warm is not None:
-            state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
-        prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
-        if dense.estimator is not None:
-            state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-        record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
-        log(record)
-    else:
+    if checkpoint is not None:
         state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
+        return state, ref, record
+    state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
+                       {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
+                        "time/A_seconds": 0.0, "time/B_seconds": 0.0})
+    if warm is not None:
+        state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
+    prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
+    if dense.estimator is not None:
+        state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
+    record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
+    log(record)
+    return state, ref, record
+
+
+def refill_buffer(cfg, policy, optimizer, state, ref, dense):
+    """The start of a cycle: the explorer phase (explore: B trained on dense rewards, its fresh batch swapped to
+    outcome rewards) -- or, for RSPO_H, A's own rollouts of the previous cycle -- ordered into the buffer."""
+    if cfg.buffer_source == "explorer":
+        with offloaded(policy, optimizer, cfg.explorer_offload):
+            trajs, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense,
+                                                          state.explorer_states)
+        release_memory(policy.device)
+        state.totals["env_steps/B"] += b_steps
+        state.totals["updates/B"] += cfg.k
+    else:   # RSPO_H: with A's log-probs at the time
+        trajs, state.last_explorer = state.previous_own, {}
+    state.buffer.refill(trajs, cfg.buffer_sampling, state.generator)
+    state.previous_own = []
+
+
+def batch_stats(cfg, state, trajs, replay):
+    """Logged with each update: A's rollouts, the replayed groups, the running counts of wins and states."""
+    replayed = [t for g in replay for t in g]
+    stats = {**rollout_stats(trajs, "train"), "train/outcome_return": float(np.mean([cfg.reward_scale * t.won for t in trajs]))}
+    novel = novel_win_share(replayed, state.wins)
+    if novel is not None:
+        stats["buffer/novel_type_wins"] = novel
+    state.seen_states.update(s.obs for t in trajs for s in t.steps)
+    count_wins(state.wins, trajs, "train")
+    count_wins(state.wins, replayed, "buffer")
+    return {**stats, **state.last_explorer, **(buffer_stats(replay) if replay else {}),
+            "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items()))}
+
+
+def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
+    """PAPER Algorithm 1, A's loop: with --reward rspo every k updates start a cycle (refill_buffer: explore ->
+    reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the buffer's next
+    m_u groups (replay_groups). --reward outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
+    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
+    state, ref, record = start_run(cfg, policy, dense, optimizer, log, checkpoint)
     done = state.totals["updates/A"]
-    bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates,
-               disable=not cfg.progress, desc=f"{cfg.reward}+{cfg.algo}")
+    bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates, disable=not cfg.progress,
+               desc=f"{cfg.reward}+{cfg.algo}")
     for u in bar:
         t0 = time.time()
-        cycle_pos = (u - 1) % cfg.k
-        if cfg.reward == "rspo" and cycle_pos == 0:
-            if cfg.buffer_source == "explorer":
-                with offloaded(policy, optimizer, cfg.explorer_offload):
-                    buffer, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref,
-                                                                   dense, state.explorer_states)
-                release_memory(policy.device)
-                state.totals["env_steps/B"] += b_steps
-                state.totals["updates/B"] += cfg.k
-            else:  # RSPO_H: A's own rollouts of the previous cycle, with A's log-probs at the time
-                buffer, state.last_explorer = state.previous_own, {}
-            state.buffer = order_buffer(buffer, cfg, state.generator) if buffer else []
-            state.previous_own, state.replayed = [], 0
+        if cfg.reward == "rspo" and (u - 1) % cfg.k == 0:
+            refill_buffer(cfg, policy, optimizer, state, ref, dense)
             state.totals["time/B_seconds"] += time.time() - t0
         t1 = time.time()
         # An empty buffer (RSPO_H's first cycle) replays nothing and leaves A its whole on-policy batch.
-        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" and state.buffer else 0
+        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" and state.buffer.groups else 0
         trajs = rollout(policy, cfg, state.rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
         attach_training_rewards(trajs, "dense" if cfg.reward == "dense" else "outcome", cfg, dense)
-        stats = rollout_stats(trajs, "train")
-        stats["train/outcome_return"] = float(np.mean([cfg.reward_scale * t.won for t in trajs]))
-        state.seen_states.update(s.obs for t in trajs for s in t.steps)
-        batch = list(trajs)
-        replay = [state.buffer[(state.replayed + j) % len(state.buffer)] for j in range(m)]
-        state.replayed += m
-        novel = novel_win_share([t for g in replay for t in g], state.wins)
-        if novel is not None:
-            stats["buffer/novel_type_wins"] = novel
-        count_wins(state.wins, trajs, "train")
-        count_wins(state.wins, [t for g in replay for t in g], "buffer")
-        for j, group in enumerate(replay):
-            batch += [replace(t, group=cfg.num_groups - m + j) for t in group]
-        stats.update(update(policy, optimizer, batch, cfg, state.generator, ref))
+        replay = state.buffer.take(m, first_id=cfg.num_groups - m)
+        stats = batch_stats(cfg, state, trajs, replay)
+        stats.update(update(policy, optimizer, trajs + [t for g in replay for t in g], cfg, state.generator, ref))
         if cfg.reward == "rspo" and cfg.buffer_source == "self":
-            state.previous_own += [replace(t, group=cycle_pos * cfg.num_groups + t.group) for t in trajs]
+            state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
         if dense.estimator is not None and cfg.prm_refresh:
-            state.pending += trajs
-            if u % cfg.prm_refresh == 0:
-                t2 = time.time()
-                stats.update(refresh_estimator(dense, state.pending, cfg, state.rng, state.generator))
-                state.pending = []
-                state.totals["time/prm_seconds"] += time.time() - t2
-        state.totals["env_steps/A"] += sum(len(t.steps) for t in trajs)
-        state.totals["updates/A"] = u
-        state.totals["time/A_seconds"] += time.time() - t1
-        record = {"update": u, **stats, **state.last_explorer, **(buffer_stats(replay) if replay else {}),
-                  "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items())),
-                  **state.totals}
+            stats.update(refresh_if_due(dense, trajs, cfg, state, u))
+        state.totals.update({"env_steps/A": state.totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
+                             "updates/A": u, "time/A_seconds": state.totals["time/A_seconds"] + time.time() - t1})
+        record = {"update": u, **stats, **state.totals}
         if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
             record.update(evaluate(policy, cfg))
         log(record)

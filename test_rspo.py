@@ -870,7 +870,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
         prio = [(c["mean"] if sampling == "reward" else c["std"])[g] for g in seq[:n]]
         assert prio == sorted(prio, reverse=True), \
             f"replayed groups' {sampling} priorities {prio} are not descending"
-    assert modes == [sampling] * 2, f"order_buffer sorted by {modes}, not --buffer-sampling {sampling}"
+    assert modes == [sampling] * 2, f"the buffer was sorted by {modes}, not --buffer-sampling {sampling}"
     # the data can tell right from wrong: priorities differ, reward and variance orders disagree,
     # B's dense reward is not the outcome, behav_logp moves the loss, anchors differ from prompts/step indices
     assert any(len(set(c["mean"].values())) > 1 and len(set(c["std"].values())) > 1 for c in cycles)
