@@ -14,9 +14,17 @@ trained for k updates on batches that mix n groups of its own rollouts with m bu
 J = (1 - alpha) J_on + alpha J_off, alpha = m / (n + m). Off-policy tokens are clipped around
 c = pi_old / pi_B instead of 1. The base algorithm (GRPO, PPO or GiGPO) is otherwise unchanged.
 
+Paper -> code (Algorithm 1; train reads top to bottom in this order):
+    B <- copy(A); k updates of B on dense rewards      explore (relabel_dense: --dense-reward env|progress|learned)
+    B's fresh batch, relabelled with the outcome       reward_swap
+    the replay buffer, priority order, cursor          ReplayBuffer (buffer_order, --buffer-sampling)
+    m_u buffer groups + n_u own groups per update      replay_groups, train
+    shifted clip around c = pi_old / pi_B              policy_loss (replayed tokens carry Step.behav_logp)
+    base algorithm                                     grpo_advantages, gigpo_advantages, gae_advantages, update
+
 Layout: config -> pure math (advantages, losses, reward swap, buffer sampling) -> policy wrapper ->
 learned dense reward -> rollout -> update -> the RSPO cycle -> checkpoints (--save-every, --resume) -> main.
-The README has the implementation-details checklist.
+The README has the RSPO-specific checklist, docs/checklist.md the rest.
 """
 import argparse
 import contextlib
