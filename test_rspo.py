@@ -2398,21 +2398,27 @@ def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
         reproduce.read_metrics(tmp_path)
 
 
-def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce):
+def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monkeypatch):
     """The pre-registered analysis by hand: Δ per seed on the seeds both methods have, mean Δ, and the 95 % interval
     mean ± t(.975, n - 1) sd / sqrt(n). Diffs .10, .00, .05, -.02, .08: mean .042, sd .051186, half-width
     2.776 x .051186 / sqrt 5 = .06355."""
     m, lo, hi = reproduce.paired_interval([0.10, 0.0, 0.05, -0.02, 0.08])
     assert (m, lo, hi) == pytest.approx((0.042, 0.042 - 0.06355, 0.042 + 0.06355), abs=1e-5)
+    last3 = {}   # path -> the mean of its last three evaluations, as last_evaluations reads it
+    monkeypatch.setattr(reproduce, "last_evaluations", lambda r: last3[r["path"]])
     def row(method, seed, success, env="alfworld"):
-        return {"experiment": "main", "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success}
+        path = f"{env}_{method}_{seed}"
+        last3[path] = success / 2
+        return {"experiment": "main", "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success,
+                "path": path}
     rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
             row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
             row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop")]
     text = "\n".join(reproduce.primary_table(rows))
     # seeds 0 and 200 only (600 has no base run): +10.0 and -4.0, mean +3.0, sd 9.899, t(1) = 12.706 -> ±88.9
-    assert "| 0 | 40.0 | 50.0 | +10.0 |" in text and "| 200 | 50.0 | 46.0 | -4.0 |" in text and "| 600 " not in text
-    assert "**+3.0** [-85.9, +91.9]" in text
+    # the last-3 end point here is half the final success: +5.0 and -2.0, mean +1.5 [-43.0, +46.0]
+    assert "| 0 | 40.0 | 50.0 | +10.0 | +5.0 |" in text and "| 200 | 50.0 | 46.0 | -4.0 | -2.0 |" in text
+    assert "| 600 " not in text and "**+3.0 [-85.9, +91.9]** | +1.5 [-43.0, +46.0] |" in text
     assert reproduce.primary_table([r for r in rows if r["method"] != "rspo_progress"]) == []
 
 

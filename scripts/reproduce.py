@@ -323,25 +323,39 @@ def paired_interval(diffs):
     return m, m - half, m + half
 
 
+def last_evaluations(row, n=3):
+    """Mean held-out success over a run's last n evaluations (a less noisy end point)."""
+    evals = [r["eval/success"] for r in read_metrics(os.path.join(ROOT, row["path"])) if "eval/success" in r]
+    return statistics.mean(evals[-n:])
+
+
 def primary_table(rows):
     """The pre-registered primary comparison: final held-out success of PRIMARY minus the base algorithm's,
-    paired by seed, with the mean difference and its 95 % interval. [] before its first run."""
+    paired by seed, with the mean difference and its 95 % interval; beside it the pre-registered secondary end
+    points where the runs have them (valid_unseen; the mean of the last three evaluations). [] before its first run."""
     env, algo, method = PRIMARY
     base = {r["seed"]: r for r in rows if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, "outcome")}
     rs = sorted((r for r in rows if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, method)
                  and r["seed"] in base), key=lambda r: r["seed"])
     if not rs:
         return []
-    diffs = [r["success"] - base[r["seed"]]["success"] for r in rs]
-    m, lo, hi = paired_interval(diffs)
-    lines = [[str(r["seed"]), f"{100 * base[r['seed']]['success']:.1f}", f"{100 * r['success']:.1f}", f"{100 * d:+.1f}"]
-             for r, d in zip(rs, diffs)]
+    ends = {"success": lambda r: r["success"], "unseen_success": lambda r: r["unseen_success"],
+            "last 3": last_evaluations}
+    ends = {k: f for k, f in ends.items() if k == "last 3" or all(k in r and k in base[r["seed"]] for r in rs)}
+    diffs = {k: [f(r) - f(base[r["seed"]]) for r in rs] for k, f in ends.items()}
+    lines = [[str(r["seed"]), f"{100 * base[r['seed']]['success']:.1f}", f"{100 * r['success']:.1f}",
+              *[f"{100 * d[i]:+.1f}" for d in diffs.values()]] for i, r in enumerate(rs)]
+    summary = []
+    for d in diffs.values():
+        m, lo, hi = paired_interval(d)
+        summary.append(f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+    summary[0] = f"**{summary[0]}**"
     lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
-                  f"{100 * statistics.mean(r['success'] for r in rs):.1f}",
-                  f"**{100 * m:+.1f}** [{100 * lo:+.1f}, {100 * hi:+.1f}]"])
+                  f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
+    names = {"success": "Δ (primary)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
     return [f"## Pre-registered primary comparison: {method}+{algo} vs {algo} on {env} (results/README.md)", "",
-            "Final held-out success (%), paired by seed; the mean difference with its 95 % Student-t interval.", "",
-            *table(["seed", algo, f"{method}+{algo}", "Δ"], lines)]
+            "Final held-out success (%), paired by seed; mean differences with their 95 % Student-t intervals.", "",
+            *table(["seed", algo, f"{method}+{algo}", *[names[k] for k in diffs]], lines)]
 
 
 def results_table(rows, experiments, reference=()):
