@@ -457,10 +457,12 @@ def at_cost(records, key, budget):
 def equal_cost_table(rows):
     """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used.
     RSPO's cost includes the estimator's fit, shared by the runs of one env and seed but charged in full."""
-    head = ["env", "seed", "RSPO success", "RSPO env steps", "GRPO at equal A updates",
-            "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
+    methods = [m for m in ("rspo", "rspo_progress") if any(r["method"] == m for r in rows)]
+    named = methods != ["rspo"]   # the method column only where there is more than the learned source (archive)
+    head = ["env", *(["RSPO method"] if named else []), "seed", "RSPO success", "RSPO env steps",
+            "GRPO at equal A updates", "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
     lines = []
-    for r in [r for r in rows if r["experiment"] == "main" and r["algo"] == "grpo" and r["method"] == "rspo"]:
+    for r in [r for r in rows if r["experiment"] == "main" and r["algo"] == "grpo" and r["method"] in methods]:
         long = [x for x in rows if x["experiment"] == "equal_cost" and x["env"] == r["env"] and x["seed"] == r["seed"]]
         base = [x for x in rows if x["experiment"] == "main" and x["env"] == r["env"] and x["seed"] == r["seed"]
                 and x["algo"] == "grpo" and x["method"] == "outcome"]
@@ -472,7 +474,7 @@ def equal_cost_table(rows):
         def show(x):   # "whole run": the longer run ended inside the budget (it never reached RSPO's cost)
             return "–" if x is None else f"{100 * x['eval/success']:.1f} ({x['update']}" + \
                 (", whole run)" if x["update"] == records[-1]["update"] else ")")
-        lines.append([r["env"], str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
+        lines.append([r["env"], *([r["method"]] if named else []), str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
                       f"{100 * base[0]['success']:.1f}", show(by_steps), f"{r['wall_seconds']:.0f}", show(by_time)])
     return table(head, lines)
 
