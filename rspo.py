@@ -250,6 +250,7 @@ def validate(cfg):
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
+    cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
     if cfg.reward == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
         raise ConfigError("--alpha leaves no on-policy group")
     return cfg
@@ -1099,7 +1100,7 @@ def fit_dense_source(dense, policy, cfg):
     saved = load_saved_estimator(cfg)
     if saved is not None:
         dense.estimator.load_state_dict(saved["state"])
-        cfg.prm_data = dense.sources = saved["sources"]
+        dense.sources = saved["sources"]
         return saved["stats"], saved["env_steps"], saved["seconds"]
     start = time.time()
     if cfg.prm_model == "policy":
@@ -1117,7 +1118,6 @@ def fit_dense_source(dense, policy, cfg):
             collected.append(("expert", rollout(policy, cfg, seeds, act=act, group_size=1)))
         for source, trajs in collected:
             add_estimator_data(dense, source, trajs, cfg, data_rng)
-        cfg.prm_data = dense.sources
         stats = fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(cfg.seed + 30_000))
     steps, seconds = sum(len(t.steps) for _, trajs in collected for t in trajs), time.time() - start
     if cfg.prm_path:
@@ -1132,7 +1132,6 @@ def fit_dense_source(dense, policy, cfg):
 def refresh_estimator(dense, trajs, cfg, rng, generator):
     """--prm-refresh: add A's recent trajectories to the estimator's data, fit --prm-refresh-epochs more."""
     add_estimator_data(dense, "refresh", trajs, cfg, rng)
-    cfg.prm_data = dense.sources
     return fit_estimator(dense, cfg, cfg.prm_refresh_epochs, generator, desc="refresh estimator")
 
 
@@ -1597,7 +1596,7 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
 # Checkpoints: a run can be stopped at any point and resumed with --resume
 
 CHECKPOINT = os.path.join("checkpoint", "state.pt")
-RUN_CONTROL = ("overwrite", "resume", "save_every", "progress", "output_dir", "prm_data")   # never change results
+RUN_CONTROL = ("overwrite", "resume", "save_every", "progress", "output_dir")   # never change results
 
 
 def run_settings(cfg):
@@ -1654,7 +1653,7 @@ def restore_checkpoint(checkpoint, policy, optimizer, dense, cfg):
         dense.estimator.load_state_dict(checkpoint["estimator"])
         dense.optimizer.load_state_dict(checkpoint["estimator_optimizer"])
         dense.train, dense.heldout = checkpoint["train"], checkpoint["heldout"]
-        cfg.prm_data = dense.sources = checkpoint["sources"]
+        dense.sources = checkpoint["sources"]
     state = checkpoint["state"]
     state.generator = torch.Generator()
     state.generator.set_state(checkpoint["generator"])
@@ -1875,15 +1874,14 @@ def main(argv=None, pretrained=None):
         dense = dense_source(policy, cfg)
     except ConfigError as e:
         parser.error(str(e))
-    if cfg.progress is None:
-        cfg.progress = sys.stderr.isatty()
     out_dir = cfg.output_dir
     records = open_run_dir(cfg, checkpoint)
     commit, dirty = git_state()
 
-    def write_config():   # again at the end: the run adds what the progress estimator was fitted on
+    def write_config():   # again at the end, with what the progress estimator was fitted on (prm_data)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump({**vars(cfg), "device": str(device), "command": sys.argv if argv is None else argv,
+            json.dump({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
+                       "device": str(device), "command": sys.argv if argv is None else argv,
                        "git_commit": commit, "git_dirty": dirty}, f, indent=1)
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:

@@ -2289,8 +2289,9 @@ def test_estimator_rewards_correlate_with_alfworld_progress():
     rspo.probe_env(cfg)
     torch.manual_seed(0)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
-    stats, steps, _ = rspo.fit_dense_source(rspo.dense_source(policy, cfg), policy, cfg)
-    assert cfg.prm_data["expert"]["success"] > 0.8 and cfg.prm_data["warmup"]["success"] < 0.2 and steps > 1000
+    dense = rspo.dense_source(policy, cfg)
+    stats, steps, _ = rspo.fit_dense_source(dense, policy, cfg)
+    assert dense.sources["expert"]["success"] > 0.8 and dense.sources["warmup"]["success"] < 0.2 and steps > 1000
     print(stats)
     assert stats["prm/heldout_loss"] < 0.18, stats   # predicting the mean outcome would give ~0.25
     assert stats["prm/heldout_corr_progress_after_first"] > 0.2, stats
