@@ -197,9 +197,13 @@ def test_buffer_order():
     assert firsts == {0, 1, 2, 3}
 
 
+def _typed(kind, won):
+    """A one-step trajectory of task type `kind`."""
+    return replace(_traj(won, [0.0]), task_type=kind)
+
+
 def test_count_wins_keeps_running_totals_per_task_type():
-    def traj(kind, won):
-        return replace(_traj(won, [0.0]), task_type=kind)
+    traj = _typed
     counts = {}
     rspo.count_wins(counts, [traj("heat", True), traj("heat", False), traj("look", False)], "train")
     rspo.count_wins(counts, [traj("heat", True), traj("look", True), traj("look", True)], "train")
@@ -233,8 +237,7 @@ def test_replay_diagnostics_by_hand():
 
 
 def test_novel_win_share_counts_replayed_wins_on_types_a_never_won():
-    def traj(kind, won):
-        return replace(_traj(won, [0.0]), task_type=kind)
+    traj = _typed
     own = {"train/wins/heat": 3, "train/wins/look": 0}
     replayed = [traj("heat", True), traj("look", True), traj("clean", True), traj("clean", False), traj("cool", False)]
     assert rspo.novel_win_share(replayed, own) == pytest.approx(2 / 3)   # look (0 wins) and clean (never played)

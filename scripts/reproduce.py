@@ -282,9 +282,9 @@ def pct(values):
     return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}"
 
 
-def num(values):
+def num(values, fmt="{:.0f}"):
     values = finite(values)
-    return f"{statistics.mean(values):.0f}" if values else "–"
+    return fmt.format(statistics.mean(values)) if values else "–"
 
 
 def table(head, lines):
@@ -399,8 +399,7 @@ def diagnostics_table(rows, experiments):
     lines = []
     for (env, algo, method), rs in groups(rows, experiments).items():
         def val(k, fmt):
-            vals = finite([r.get(k, float("nan")) for r in rs])
-            return fmt.format(statistics.mean(vals)) if vals else "–"
+            return num([r.get(k, float("nan")) for r in rs], fmt)
         lines.append([env, algo, method, pct([r["train_success"] for r in rs]), pct([r["explorer_success"] for r in rs]),
                       pct([r["buffer_groups_with_success"] for r in rs]),
                       *([val("explorer_kl", "{:.4f}"), f"{val('clip_centre_p10', '{:.2f}')} / {val('clip_centre_p90', '{:.2f}')}",
