@@ -82,6 +82,8 @@ def build_parser():
       help="explorer: B's swapped trajectories (RSPO); self: A's own previous rollouts (RSPO_H ablation)")
     a("--explorer-reward", default="dense", choices=["dense", "outcome"],
       help="reward B is trained on (outcome = RSPO_O ablation)")
+    a("--explorer-lr", type=float, default=None,
+      help="Adam learning rate of B's k updates (default: --lr); larger moves B further from A each cycle")
     # batch and budget
     a("--updates", type=int, default=40, help="budget: number of A's updates")
     a("--num-groups", type=int, default=8, help="groups (tasks) per batch (paper: 16)")
@@ -197,6 +199,7 @@ def validate(cfg):
         (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
         (cfg.threads >= 0, "--threads must be >= 0 (0: torch's default)"),
         (cfg.lr is None or cfg.lr > 0, "--lr must be > 0"),
+        (cfg.explorer_lr is None or cfg.explorer_lr > 0, "--explorer-lr must be > 0"),
         ((cfg.warm_start or 0) >= 0 and cfg.warm_start_epochs >= 1 and cfg.warm_start_lr > 0,
          "--warm-start must be >= 0, --warm-start-epochs >= 1 and --warm-start-lr > 0"),
         (not cfg.warm_start or cfg.backend == "offline",
@@ -244,6 +247,7 @@ def validate(cfg):
         cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
     if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
         cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
+    cfg.explorer_lr = cfg.explorer_lr or cfg.lr
     if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
         cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
     cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}")
@@ -1397,7 +1401,7 @@ def explore(policy, cfg, rng, generator, ref, dense, seen):
     observations B met to the set `seen` (its distinct states).
     B and its Adam state exist only inside this call (train then returns their memory to the device)."""
     explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
-    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.lr)  # fresh each cycle (inferred)
+    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)  # fresh each cycle (inferred)
     env_steps, stats = 0, {}
     for _ in range(cfg.k):
         trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))

@@ -696,8 +696,8 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
 
 # Look tasks in a 2-receptacle room, where states recur (GiGPO's anchors). m = 2 of 4 groups per update,
 # k = 3 updates per cycle: the 6 replays of a cycle wrap around its 4 buffer groups. One minibatch per
-# update, so the loss in update's stats is taken at pi_old (hand-checkable); lr 3e-4 keeps pi_old / pi_B
-# within about 0.5-2, clear of any dual-clip bound, yet B moves away from A. --device cpu:0 is the CPU
+# update, so the loss in update's stats is taken at pi_old (hand-checkable); lr 3e-4 (B's 3e-4 or 1e-4)
+# keeps pi_old / pi_B within about 0.5-2, clear of any dual-clip bound, yet B moves away from A. --device cpu:0 is the CPU
 # under another name, so a move of A "back" to the CPU instead of to its own device shows. The wins of
 # training episodes are set by the test (WINS): every buffer has groups of distinct mean outcome, and its
 # reward and variance orders disagree, whatever the seed and the random tiny policy do.
@@ -726,8 +726,10 @@ def _same_rows(rows, expected):
     return not left
 
 
-@pytest.mark.parametrize("algo, sampling, dense", [("gigpo", "reward", "env"), ("ppo", "variance", "progress")])
-def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense):
+@pytest.mark.parametrize("algo, sampling, dense, explorer_lr", [("gigpo", "reward", "env", "3e-4"),
+                                                                 ("ppo", "variance", "progress", "1e-4")])
+def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense,
+                                               explorer_lr):
     explore, update, loss_fn = rspo.explore, rspo.update, rspo.policy_loss   # update: update_calls' spy
     move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
     rollout, rollouts = rspo.rollout, itertools.count()
@@ -775,6 +777,9 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
 
     def spy_update(policy, optimizer, trajs, cfg, *args, **kwargs):
         cycle, steps = cycles[-1], [s for t in trajs for s in t.steps]
+        # 13: B's Adam steps at --explorer-lr, A's at --lr
+        lr = float(explorer_lr) if policy is not A["policy"] else 3e-4
+        assert optimizer.param_groups[0]["lr"] == lr, f"lr {optimizer.param_groups[0]['lr']}, not {lr}"
         if policy is not A["policy"]:   # 8: B's k updates are on its own fresh rollouts, with dense rewards
             cycle["B"], cycle["B_updates"] = policy, cycle["B_updates"] + 1
             for t in trajs:
@@ -855,7 +860,8 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                       ("policy_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
                       ("gigpo_advantages", spy_gigpo)]:
         monkeypatch.setattr(rspo, name, spy)
-    run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense)
+    run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense,
+        "--explorer-lr", explorer_lr)
 
     # 11: --explorer-offload moves A out before B's phase and back to A's own device after it
     assert events == ["move to cpu", "explore", "move to cpu:0"] * 2, events
@@ -924,6 +930,7 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--device", "nope"], "--device nope: not a device", {}),
     (["--threads", "-1"], "--threads must be >= 0", {}),
     (["--lr", "0"], "--lr must be > 0", {}),
+    (["--explorer-lr", "-1"], "--explorer-lr must be > 0", {}),
     (["--eval-split", "valid_seen,nope"], "--env alfworld: ", {}),
     (["--warm-start", "-1"], "--warm-start must be >= 0", {}),
     (["--warm-start", "4", "--warm-start-epochs", "0"], "--warm-start-epochs >= 1", {}),
