@@ -68,6 +68,8 @@ METHODS = {
     "outcome": ["--reward", "outcome"],
     "outcome_long": ["--reward", "outcome", "{long}"],
     "rspo_progress": ["--reward", "rspo", "--dense-reward", "progress"],
+    # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (results/README.md, pre-registration 2)
+    "rspo_progress_elr3e-4": ["--reward", "rspo", "--dense-reward", "progress", "--explorer-lr", "3e-4"],
     "rspo": ["--reward", "rspo", *LEARNED],
     "rspo_envdense": ["--reward", "rspo", "--dense-reward", "env"],
     "dense": ["--reward", "dense", "--dense-reward", "env"],
@@ -86,7 +88,7 @@ METHODS = {
 
 # experiment -> (methods, algorithms, environments), in the order they run: the most important first.
 EXPERIMENTS = {
-    "main": (["outcome", "rspo_progress", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
+    "main": (["outcome", "rspo_progress", "rspo_progress_elr3e-4", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
     "dense": (["dense", "dense_progress"], ["grpo"], ["alfworld", "webshop"]),
     "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
     "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
@@ -312,7 +314,8 @@ def paired_difference(rs, rows):
 # Student's t, two-sided 95 %, by degrees of freedom (n - 1 for n paired seeds)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 # The pre-registered comparisons of results/README.md, (env, algo, method, base method), each a table in tables.md
-REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome")]
+REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
+              ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress")]
 
 
 def paired_interval(diffs):
