@@ -632,7 +632,8 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     run(tmp_path / "ck", "--updates", "1", "--save-every", "1")
     with pytest.raises(SystemExit):
         run(tmp_path / "ck", "--updates", "1", "--resume", "--lr", "0.01")
-    assert "has other settings: lr=0.0001 there, 0.01 here" in capsys.readouterr().err
+    assert "has other settings: explorer_lr=0.0001 there, 0.01 here; lr=0.0001 there, 0.01 here" \
+        in capsys.readouterr().err
     assert _metrics(tmp_path / "ck")[-1]["update"] == 1
     again = run(tmp_path, "--updates", "2", "--overwrite")
     assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
