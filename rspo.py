@@ -19,7 +19,7 @@ Paper -> code (Algorithm 1; train reads top to bottom in this order):
     B's fresh batch, relabelled with the outcome       reward_swap
     the replay buffer, priority order, cursor          ReplayBuffer (buffer_order, --buffer-sampling)
     m_u buffer groups + n_u own groups per update      replay_groups, train
-    shifted clip around c = pi_old / pi_B              policy_loss (replayed tokens carry Step.behav_logp)
+    shifted clip around c = pi_old / pi_B              shifted_clip_loss (replayed tokens carry Step.behav_logp)
     base algorithm                                     grpo_advantages, gigpo_advantages, gae_advantages, update
 
 Layout: config -> pure math (advantages, losses, reward swap, buffer sampling) -> policy wrapper ->
@@ -348,7 +348,7 @@ def kl_k3(logp, ref_logp):
     return (torch.exp(d) - d - 1).clamp(max=10)
 
 
-def policy_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
+def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
     """RSPO's clipped surrogate (PAPER: off-policy clip centre), token-mean over mask.
 
     rho = pi_theta / pi_behav, clip centre c = pi_theta_old / pi_behav,
@@ -376,7 +376,7 @@ def value_loss(values, old_values, returns, clip):
 def replay_diagnostics(behav_logp, old_logp):
     """How far replayed tokens' behaviour policy (the explorer B) is from A = pi_old, on tokens sampled from
     pi_behav: KL(pi_behav || pi_old) per token (kl_k3, unbiased for samples from pi_behav), and the spread of
-    policy_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
+    shifted_clip_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
     centre = torch.exp(old_logp - behav_logp).float()
     p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
     return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
@@ -1343,7 +1343,7 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
             old = _pad([old_logp[i] for i in idx]).to(dev)
             behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
             a = adv[idx].to(dev).unsqueeze(1)
-            pg, clipfrac = policy_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
+            pg, clipfrac = shifted_clip_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
             terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
                      "losses/entropy": masked_mean(ent, mask),
                      "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}

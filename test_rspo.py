@@ -121,17 +121,17 @@ def test_kl_k3():
 def _loss(ratio, adv, centre=1.0, eps=0.2):
     behav = math.log(0.2)
     logp, old = T([[behav + math.log(ratio)]]), T([[behav + math.log(centre)]])
-    return rspo.policy_loss(logp, old, T([[behav]]), T([[adv]]), T([[1.0]]), eps)[0].item()
+    return rspo.shifted_clip_loss(logp, old, T([[behav]]), T([[adv]]), T([[1.0]]), eps)[0].item()
 
 
-def test_policy_loss_on_policy_is_ppo_clip():
+def test_shifted_clip_loss_on_policy_is_ppo_clip():
     assert _loss(1.5, +1) == pytest.approx(-1.2)   # min(1.5, 1.2)
     assert _loss(1.5, -1) == pytest.approx(1.5)    # min(-1.5, -1.2) = -1.5: no clip on the pessimistic side
     assert _loss(0.5, -1) == pytest.approx(0.8)    # min(-.5, -.8) = -.8
     assert _loss(0.5, +1) == pytest.approx(-0.5)   # min(.5, .8)
 
 
-def test_policy_loss_off_policy_clip_centre():
+def test_shifted_clip_loss_off_policy_clip_centre():
     # pi_B = .2, pi_old = .4 -> c = 2; pi_theta = .5 -> rho = 2.5, clip(2.5, 1.8, 2.2) = 2.2
     assert _loss(2.5, +1, centre=2.0) == pytest.approx(-2.2)   # a clip around 1 would give -1.2
     assert _loss(2.5, -1, centre=2.0) == pytest.approx(2.5)
@@ -139,7 +139,7 @@ def test_policy_loss_off_policy_clip_centre():
     assert _loss(1.5, -1, centre=2.0) == pytest.approx(1.8)    # min(-1.5, -1.8)
 
 
-def test_policy_loss_dual_clip_for_negative_advantages():
+def test_shifted_clip_loss_dual_clip_for_negative_advantages():
     # verl's clip_ratio_c = 3: for A < 0 the loss is at most -3 * c * A.
     assert _loss(5.0, -1) == pytest.approx(3.0)              # min(max(-5, -1.2) ... ) -> 5 capped at 3
     assert _loss(2.0, -1) == pytest.approx(2.0)              # below the cap: the ordinary clipped loss
@@ -147,23 +147,23 @@ def test_policy_loss_dual_clip_for_negative_advantages():
     assert _loss(9.0, -1, centre=2.0) == pytest.approx(6.0)  # off-policy: capped at c * 3 = 6 (rho / c <= 3)
     assert _loss(5.0, -1, centre=2.0) == pytest.approx(5.0)  # rho / c = 2.5 < 3: not capped
     behav = math.log(0.2)
-    loss = rspo.policy_loss(T([[behav + math.log(5.0)]]), T([[behav]]), T([[behav]]), T([[-2.0]]), T([[1.0]]),
+    loss = rspo.shifted_clip_loss(T([[behav + math.log(5.0)]]), T([[behav]]), T([[behav]]), T([[-2.0]]), T([[1.0]]),
                             0.2, clip_ratio_c=4.0)[0]
     assert loss.item() == pytest.approx(8.0)                 # -4 * 1 * -2
 
 
-def test_policy_loss_token_mean_and_clipfrac():
+def test_shifted_clip_loss_token_mean_and_clipfrac():
     logp = torch.log(T([[1.5, 1.0, 9.0], [1.0, 1.0, 1.0]]))
     zeros = torch.zeros(2, 3)
     mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 9.0 token is padding
-    loss, clipfrac = rspo.policy_loss(logp, zeros, zeros, T([[1.0], [2.0]]), mask, 0.2)
+    loss, clipfrac = rspo.shifted_clip_loss(logp, zeros, zeros, T([[1.0], [2.0]]), mask, 0.2)
     # tokens: 1.2 (clipped), 1.0, 2.0 -> -(1.2 + 1 + 2) / 3; one of three clipped
     assert loss.item() == pytest.approx(-4.2 / 3)
     assert clipfrac.item() == pytest.approx(1 / 3)
     # clipfrac counts where the clipped branch is taken (verl), not where |rho - c| > eps: with A < 0 a ratio of
     # 1.5 is not clipped (min(-1.5, -1.2) = -1.5), a ratio of 0.5 is (min(-.5, -.8) = -.8).
     logp = torch.log(T([[1.5, 0.5, 1.0]]))
-    _, clipfrac = rspo.policy_loss(logp, torch.zeros(1, 3), torch.zeros(1, 3), T([[-1.0]]), torch.ones(1, 3), 0.2)
+    _, clipfrac = rspo.shifted_clip_loss(logp, torch.zeros(1, 3), torch.zeros(1, 3), T([[-1.0]]), torch.ones(1, 3), 0.2)
     assert clipfrac.item() == pytest.approx(1 / 3)
 
 
@@ -707,7 +707,7 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The RSPO wiring, through the real trainer: spies on explore / update / policy_loss record what each
+# The RSPO wiring, through the real trainer: spies on explore / update / shifted_clip_loss record what each
 # phase of rspo.main received, and every expectation is recomputed from the run's own data.
 
 # Look tasks in a 2-receptacle room, where states recur (GiGPO's anchors). m = 2 of 4 groups per update,
@@ -746,7 +746,7 @@ def _same_rows(rows, expected):
                                                                  ("ppo", "variance", "progress", "1e-4")])
 def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense,
                                                explorer_lr):
-    explore, update, loss_fn = rspo.explore, rspo.update, rspo.policy_loss   # update: update_calls' spy
+    explore, update, loss_fn = rspo.explore, rspo.update, rspo.shifted_clip_loss   # update: update_calls' spy
     move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
     rollout, rollouts = rspo.rollout, itertools.count()
     A, cycles, events, moved, modes, loss_rows, anchor_calls = {}, [], [], [], [], [], []
@@ -832,7 +832,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
             anchor_calls.clear()
             stats = update(policy, optimizer, trajs, cfg, *args, **kwargs)
             same = _same_rows(loss_rows, behav)
-            assert same, "policy_loss got other behaviour log-probs than B's (buffer steps) and pi_old's (A's own)"
+            assert same, "shifted_clip_loss got other behaviour log-probs than B's (buffer steps) and pi_old's (A's own)"
             assert stats["losses/policy_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6), \
                 f"policy loss {stats['losses/policy_loss']:.6f}, by hand {float(expected):.6f} " \
                 f"(with behav_logp ignored: {float(ignored):.6f})"
@@ -873,7 +873,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
         return gigpo(step_rewards, traj_ids, group_ids, anchors, *args, **kwargs)
 
     for name, spy in [("rollout", spy_rollout), ("explore", spy_explore), ("update", spy_update),
-                      ("policy_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
+                      ("shifted_clip_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
                       ("gigpo_advantages", spy_gigpo)]:
         monkeypatch.setattr(rspo, name, spy)
     run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense,
