@@ -69,7 +69,6 @@ def build_parser():
     a("--env-options", default="{}", help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
     a("--backend", default="offline", choices=["offline", "real"], help="offline shim or the real benchmark")
     a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"], help="base algorithm (verl's adv_estimator)")
-    a("--gigpo-mode", default="std", choices=["std", "nostd"], help="GiGPO with or without std normalisation")
     a("--reward", default="rspo", choices=["rspo", "outcome", "dense"],
       help="rspo: the reward-swap cycle; outcome/dense: train A alone on that reward")
     # RSPO
@@ -127,7 +126,7 @@ def build_parser():
     a("--ent-coef", type=float, default=0.0, help="entropy bonus coefficient")
     a("--max-grad-norm", type=float, default=1.0, help="gradient-norm clip")
     a("--norm-adv", action=argparse.BooleanOptionalAction, default=True,
-      help="GRPO: divide by the group std (TRL's scale_rewards)")
+      help="divide by the group std: GRPO's (TRL's scale_rewards), GiGPO's at both levels (verl-agent's mean_std_norm)")
     a("--gamma", type=float, default=0.95, help="discount (GiGPO step returns, PPO GAE)")
     a("--lam", type=float, default=0.95, help="PPO GAE lambda")
     a("--omega", type=float, default=1.0, help="GiGPO weight of the step-level advantage")
@@ -1268,7 +1267,7 @@ def advantages_for(trajs, cfg, values):
     if cfg.algo == "gigpo":
         anchors = [s.obs for t in trajs for s in t.steps]
         return gigpo_advantages(rewards, traj_ids, group_ids, anchors, cfg.gamma, cfg.omega,
-                                cfg.gigpo_mode == "std"), None
+                                cfg.norm_adv), None
     adv, returns = gae_advantages(rewards, values, traj_ids, cfg.gamma, cfg.lam)
     return (adv - adv.mean()) / (adv.std() + 1e-8), returns  # batch whitening, as in CleanRL/verl
 

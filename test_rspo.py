@@ -98,6 +98,24 @@ def test_gigpo_advantages_with_std_and_omega():
     assert torch.allclose(adv, T([s + s / 2, s + s / 2, s, -s - s / 2, -s - s / 2, 0.0]), atol=1e-5)
 
 
+def test_norm_adv_reaches_both_group_estimators():
+    """advantages_for passes --norm-adv to GRPO and to GiGPO: GIGPO_CASE as trajectories, by hand above."""
+    def traj(rewards, obs, group):
+        steps = [rspo.Step([1], [2], None, o, "a", 0.0, False) for o in obs]
+        return rspo.Trajectory(steps, group, 0, "t", False, 0.0, T(rewards))
+    trajs = [traj([0.0, 0.0, 1.0], ["s0", "s1", "s2"], 0), traj([0.0, 0.0], ["s0", "s1"], 0), traj([0.0], ["s0"], 1)]
+    cfg = lambda algo, norm: SimpleNamespace(algo=algo, norm_adv=norm, gamma=0.5, omega=1.0)
+    assert torch.allclose(rspo.advantages_for(trajs, cfg("gigpo", False), None)[0],
+                          T([0.625, 0.75, 0.5, -0.625, -0.75, 0.0]))
+    s = 1 / math.sqrt(2)
+    assert torch.allclose(rspo.advantages_for(trajs, cfg("gigpo", True), None)[0],
+                          T([2 * s, 2 * s, s, -2 * s, -2 * s, 0.0]), atol=1e-5)
+    # GRPO: scores 1, 0 in group 0 -> +-0.5 without the std, +-1/sqrt 2 with it (unbiased std 1/sqrt 2)
+    assert torch.allclose(rspo.advantages_for(trajs, cfg("grpo", False), None)[0], T([.5] * 3 + [-.5] * 2 + [0.0]))
+    assert torch.allclose(rspo.advantages_for(trajs, cfg("grpo", True), None)[0],
+                          T([s] * 3 + [-s] * 2 + [0.0]), atol=1e-5)
+
+
 def test_gae_advantages_by_hand():
     # traj 0: r = [0, 1], V = [.5, .2], gamma .9, lam .8
     #   t1: delta = 1 - .2 = .8 -> A = .8; t0: delta = .9*.2 - .5 = -.32 -> A = -.32 + .9*.8*.8 = .256
