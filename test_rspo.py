@@ -2294,6 +2294,11 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert not ok and "names no commit: rerun with the current tree" in out
     ok, out = verify(git_commit="0" * 40)
     assert not ok and "is not in this repository" in out
+    # --here: the current tree (version 2) reruns it, whatever commit made it
+    assert not reproduce.verify([str(run)], here=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 2, "estimator": "fitted"}) + "\n")
+    assert reproduce.verify([str(run)], here=True) and "(rerun with the current tree)" in capsys.readouterr().out
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "estimator": "fitted"}) + "\n")
     (repo / "results" / "estimators" / "e.pt").unlink()
     with pytest.raises(subprocess.CalledProcessError):
         verify(git_commit=commits[0])

@@ -641,11 +641,17 @@ def rerun(path, tree):
         return read_metrics(out)
 
 
-def verify(paths):
+def verify(paths, here=False):
     """Rerun each committed run's command.txt at the commit that made it (config.json's git_commit) and
-    compare its metrics; a run that names no commit reruns with the current tree."""
+    compare its metrics; a run that names no commit reruns with the current tree. here: every run reruns with
+    the current tree (do later changes keep behaviour?)."""
     ok = True
     for path in paths:
+        if here:
+            same = same_metrics(rerun(path, ROOT), read_metrics(path))
+            print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'} (rerun with the current tree)")
+            ok &= same
+            continue
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
         commit = cfg.get("git_commit")
@@ -681,13 +687,15 @@ def main(argv=None):
     p.add_argument("--verify", nargs="+", metavar="RUN_DIR",
                    help="rerun these committed runs from their command.txt at the commit that made them "
                         "and check the metrics match")
+    p.add_argument("--here", action="store_true",
+                   help="with --verify: rerun with the current tree instead (do later changes keep behaviour?)")
     args = p.parse_args(argv)
     if args.results and not args.report:
         p.error("--results goes with --report (new runs always go to results/)")
     if args.report:
         return report(args.results)
     if args.verify:
-        sys.exit(0 if verify(args.verify) else 1)
+        sys.exit(0 if verify(args.verify, args.here) else 1)
     jobs = plan(args)
     if args.list:
         for job in jobs:
