@@ -315,7 +315,8 @@ def paired_difference(rs, rows):
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 # The pre-registered comparisons of results/README.md, (env, algo, method, base method), each a table in tables.md
 REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
-              ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress")]
+              ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
+              ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome")]
 
 
 def paired_interval(diffs):
