@@ -4,7 +4,7 @@ Paper: Q. Liu, T. Guo, R. Qiao, X. Sun, "RSPO: Reward-Swap Policy Optimization f
 Agents", arXiv 2607.04713 (2026). No official code is public; this is a reference implementation.
 
     python rspo.py --algo grpo --env alfworld                  # RSPO+GRPO, tiny model, CPU, minutes
-    python rspo.py --algo ppo --env webshop --reward outcome   # the base algorithm alone
+    python rspo.py --algo ppo --env webshop --method outcome   # the base algorithm alone
     python rspo.py --model Qwen/Qwen2.5-1.5B-Instruct --lr 1e-6 --beta 0.01 ...  # a real model on a GPU
 
 Two copies of the agent. A (the one that is evaluated) only ever learns from outcome rewards. Every
@@ -61,16 +61,18 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # allow_abbrev=False: a prefix is no flag (an old `--reward rspo` is refused as unrecognized, not read as
+    # --reward-scale)
+    p = Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+               allow_abbrev=False)
     a = p.add_argument
     # what to run
     a("--env", default="alfworld", choices=["alfworld", "webshop"], help="text environment")
     a("--env-options", default="{}", help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
     a("--backend", default="offline", choices=["offline", "real"], help="offline shim or the real benchmark")
     a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"], help="base algorithm (verl's adv_estimator)")
-    a("--reward", default="rspo", choices=["rspo", "outcome", "dense"],
-      help="rspo: the reward-swap cycle; outcome/dense: train A alone on that reward")
+    a("--method", default="rspo", choices=["rspo", "outcome", "dense"],
+      help="which method trains A: rspo: the reward-swap cycle; outcome/dense: A alone on that reward")
     # RSPO
     a("--k", type=int, default=3, help="updates of B, then of A, per RSPO cycle")
     a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m); "
@@ -249,12 +251,12 @@ def validate(cfg):
     cfg.explorer_lr = cfg.explorer_lr or cfg.lr
     if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
         cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
-    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.reward}_{cfg.algo}_s{cfg.seed}")
+    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.method}_{cfg.algo}_s{cfg.seed}")
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
     cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
-    if cfg.reward == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
+    if cfg.method == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
         raise ConfigError("--alpha leaves no on-policy group")
     return cfg
 
@@ -1558,28 +1560,28 @@ def batch_stats(cfg, state, trajs, replay):
 
 
 def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
-    """PAPER Algorithm 1, A's loop: with --reward rspo every k updates start a cycle (refill_buffer: explore ->
+    """PAPER Algorithm 1, A's loop: with --method rspo every k updates start a cycle (refill_buffer: explore ->
     reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the buffer's next
-    m_u groups (replay_groups). --reward outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
+    m_u groups (replay_groups). --method outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
     state, ref, record = start_run(cfg, policy, dense, optimizer, log, checkpoint)
     done = state.totals["updates/A"]
     bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates, disable=not cfg.progress,
-               desc=f"{cfg.reward}+{cfg.algo}")
+               desc=f"{cfg.method}+{cfg.algo}")
     for u in bar:
         t0 = time.time()
-        if cfg.reward == "rspo" and (u - 1) % cfg.k == 0:
+        if cfg.method == "rspo" and (u - 1) % cfg.k == 0:
             refill_buffer(cfg, policy, optimizer, state, ref, dense)
             state.totals["time/B_seconds"] += time.time() - t0
         t1 = time.time()
         # An empty buffer (RSPO_H's first cycle) replays nothing and leaves A its whole on-policy batch.
-        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.reward == "rspo" and state.buffer.groups else 0
+        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.method == "rspo" and state.buffer.groups else 0
         trajs = rollout(policy, cfg, state.rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
-        attach_training_rewards(trajs, "dense" if cfg.reward == "dense" else "outcome", cfg, dense)
+        attach_training_rewards(trajs, "dense" if cfg.method == "dense" else "outcome", cfg, dense)
         replay = state.buffer.take(m, first_id=cfg.num_groups - m)
         stats = batch_stats(cfg, state, trajs, replay)
         stats.update(update(policy, optimizer, trajs + [t for g in replay for t in g], cfg, state.generator, ref))
-        if cfg.reward == "rspo" and cfg.buffer_source == "self":
+        if cfg.method == "rspo" and cfg.buffer_source == "self":
             state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
         if dense.estimator is not None and cfg.prm_refresh:
             stats.update(refresh_if_due(dense, trajs, cfg, state, u))
@@ -1639,6 +1641,8 @@ def load_checkpoint(cfg):
         raise ConfigError(f"--resume: {out} holds a run but no checkpoint (--save-every); --overwrite starts it again")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     saved, now = checkpoint["settings"], run_settings(cfg)
+    if "reward" in saved and "method" not in saved:   # written before --reward was renamed --method
+        saved = {("method" if k == "reward" else k): v for k, v in saved.items()}
     diff = [f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(saved) | set(now))
             if saved.get(k) != now.get(k)]
     if diff:

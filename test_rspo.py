@@ -494,19 +494,20 @@ def update_calls(monkeypatch):
 
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "gigpo"])
-@pytest.mark.parametrize("reward", ["rspo", "outcome", "dense"])
-def test_every_algo_env_reward_runs(tmp_path, env, algo, reward):
-    records = run(tmp_path, "--env", env, "--algo", algo, "--reward", reward)
+@pytest.mark.parametrize("method", ["rspo", "outcome", "dense"])
+def test_every_algo_env_method_runs(tmp_path, env, algo, method):
+    records = run(tmp_path, "--env", env, "--algo", algo, "--method", method)
     last = records[-1]
     assert last["updates/A"] == 2 and "eval/success" in last and math.isfinite(last["losses/policy_loss"])
-    assert (last["env_steps/B"] > 0) == (reward == "rspo")
-    assert (last["updates/B"] == 2) == (reward == "rspo")
+    assert (last["env_steps/B"] > 0) == (method == "rspo")
+    assert (last["updates/B"] == 2) == (method == "rspo")
     assert ("losses/value_loss" in last) == (algo == "ppo")
-    if reward == "rspo":
+    if method == "rspo":
         assert "buffer/groups_with_success" in last and "explorer/success" in last
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["update"] for line in lines] == [0, 1, 2]
-    assert json.loads((tmp_path / "config.json").read_text())["algo"] == algo
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["algo"], config["method"]) == (algo, method) and "reward" not in config
 
 
 def _strip_times(records):
@@ -556,7 +557,7 @@ def test_an_empty_buffer_leaves_a_its_whole_batch(tmp_path, update_calls):
 def test_ppo_value_loss_does_not_depend_on_the_micro_batch_size(tmp_path):
     """Gradient accumulation weights each chunk's token-mean terms by its tokens and its value loss by its
     samples, so the update is the same whatever --micro-batch-size cuts the minibatch into."""
-    runs = [run(tmp_path / str(mb), "--algo", "ppo", "--reward", "dense", "--env", "webshop", "--updates", "1",
+    runs = [run(tmp_path / str(mb), "--algo", "ppo", "--method", "dense", "--env", "webshop", "--updates", "1",
                 "--micro-batch-size", str(mb), "--vf-coef", "5") for mb in (64, 1)]
     a, b = (r[-1] for r in runs)
     assert a["losses/value_loss"] > 0
@@ -617,8 +618,8 @@ def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
     monkeypatch.setattr(rspo, "warm_start", spy_warm_start)
     monkeypatch.setattr(rspo, "update", spy_update)
     warm = ["--warm-start", "12", "--max-steps", "30", "--updates", "1"]
-    runs = {(algo, reward): run(tmp_path / f"{algo}_{reward}", *warm, "--algo", algo, "--reward", reward)
-            for algo, reward in [("grpo", "outcome"), ("ppo", "outcome"), ("gigpo", "rspo")]}
+    runs = {(algo, method): run(tmp_path / f"{algo}_{method}", *warm, "--algo", algo, "--method", method)
+            for algo, method in [("grpo", "outcome"), ("ppo", "outcome"), ("gigpo", "rspo")]}
     first = runs["grpo", "outcome"][0]
     assert first["warmstart/episodes"] == 12 and first["warmstart/demo_success"] == 1.0
     assert 12 * 7 < first["env_steps/warmstart"] < 12 * 13   # the searcher's ~9.4 steps per episode
@@ -653,6 +654,13 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     assert "has other settings: explorer_lr=0.0001 there, 0.01 here; lr=0.0001 there, 0.01 here" \
         in capsys.readouterr().err
     assert _metrics(tmp_path / "ck")[-1]["update"] == 1
+    # a checkpoint written before --reward was renamed --method holds the setting as "reward": the same run
+    path = tmp_path / "ck" / rspo.CHECKPOINT
+    checkpoint = torch.load(path, weights_only=False)
+    settings = checkpoint["settings"]
+    checkpoint["settings"] = {("reward" if k == "method" else k): v for k, v in settings.items()}
+    torch.save(checkpoint, path)
+    assert [r["update"] for r in run(tmp_path / "ck", "--updates", "1", "--save-every", "1", "--resume")] == [0, 1]
     again = run(tmp_path, "--updates", "2", "--overwrite")
     assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
 
@@ -660,7 +668,7 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
 def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     """--model DIR with a model this script saved: the compact prompt, constrained decoding, its learning rate,
     the tokenizer and the PPO value head it learned."""
-    rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--reward", "dense", "--env",
+    rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--method", "dense", "--env",
                "webshop", "--updates", "1", "--lr", "0.003"])
     saved = tmp_path / "a" / "model"
     assert not (tmp_path / "a" / "model.tmp").exists()
@@ -701,6 +709,13 @@ def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
     assert other["split"] == "dev" and other["eval/score"] != again["eval/score"]
     assert {k: v for k, v in other.items() if k.startswith("eval/")} == \
         {k.replace("eval_dev/", "eval/"): v for k, v in records[-1].items() if k.startswith("eval_dev/")}
+    # a config.json written before --reward was renamed --method: its "reward" is the method (here outcome with
+    # one group per batch, which --method rspo would refuse: no room for a buffer group)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config = {**{k: v for k, v in config.items() if k != "method"}, "reward": "outcome", "num_groups": 1}
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    evaluate.main([str(tmp_path / "run"), "--split", "dev"])
+    assert json.loads(capsys.readouterr().out) == other
     with pytest.raises(SystemExit) as e:
         evaluate.main([str(tmp_path)])
     assert e.value.code == 2 and "needs config.json and model/" in capsys.readouterr().err
@@ -710,7 +725,7 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     # WebShop's dense reward pays for viewing items, so 4 random steps give non-zero advantages
     # (all-zero advantages would rightly move nothing).
-    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path), "--env", "webshop", "--reward", "dense",
+    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path), "--env", "webshop", "--method", "dense",
                          "--updates", "1"])
     assert records[-1]["losses/grad_norm"] > 0
     cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"]))
@@ -954,6 +969,10 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--env", "alfworld", "--backend", "real"], "$ALFWORLD_DATA", {"ALFWORLD_DATA": None}),
     (["--env", "webshop", "--backend", "real"], "set WEBSHOP_ROOT", {"WEBSHOP_ROOT": None}),
     (["--no-such-flag"], "unrecognized arguments", {}),
+    # --reward was renamed --method; flags are never abbreviated, so it is not taken for --reward-scale
+    (["--reward", "rspo"], "unrecognized arguments: --reward rspo", {}),
+    (["--upd", "3"], "unrecognized arguments: --upd 3", {}),
+    (["--method", "grpo"], "argument --method: invalid choice: 'grpo'", {}),
     (["--dense-noise", "-1"], "--dense-noise must be >= 0", {}),
     (["--dense-reward", "learned", "--prm-warmup-episodes", "0", "--prm-expert-episodes", "0"], "needs --prm-", {}),
     (["--prm-path", "{tmp}/e.pt"], "--prm-path needs --dense-reward learned", {}),
@@ -2076,7 +2095,7 @@ def test_estimator_rewards_correlate_with_alfworld_progress():
 
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
 def test_rspo_with_learned_dense_reward_runs(tmp_path, env):
-    records = run(tmp_path, "--env", env, "--reward", "rspo", "--dense-reward", "learned", "--dense-noise", "0.1",
+    records = run(tmp_path, "--env", env, "--method", "rspo", "--dense-reward", "learned", "--dense-noise", "0.1",
                   "--prm-warmup-episodes", "4", "--prm-expert-episodes", "8", "--prm-epochs", "2",
                   "--prm-refresh", "1")
     assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[0]["env_steps/prm"] > 0
@@ -2090,7 +2109,7 @@ def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
     """--prm-path: the first run fits and saves; a second run with the same settings loads the file and
     reproduces the first run's metrics exactly (the fit draws from its own RNG streams, and its cost is
     reported as the fit's); a run with other --prm-* settings is refused with a clear error."""
-    args = ["--reward", "rspo", "--dense-reward", "learned", "--prm-warmup-episodes", "4",
+    args = ["--method", "rspo", "--dense-reward", "learned", "--prm-warmup-episodes", "4",
             "--prm-expert-episodes", "8", "--prm-epochs", "2", "--prm-path", str(tmp_path / "est.pt")]
     fitted = run(tmp_path / "a", *args)
     assert (tmp_path / "est.pt").exists()
@@ -2103,10 +2122,10 @@ def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
 
 
 def test_learned_dense_reward_replaces_the_env_values(tmp_path):
-    """--reward dense: A trains on the estimator's scores, not the env's (WebShop's env reward is > 0
+    """--method dense: A trains on the estimator's scores, not the env's (WebShop's env reward is > 0
     on these steps; an estimator fitted on 4 failures learns ~0 per step)."""
-    env_run = run(tmp_path / "env", "--env", "webshop", "--reward", "dense", "--updates", "1")
-    learned = run(tmp_path / "learned", "--env", "webshop", "--reward", "dense", "--updates", "1",
+    env_run = run(tmp_path / "env", "--env", "webshop", "--method", "dense", "--updates", "1")
+    learned = run(tmp_path / "learned", "--env", "webshop", "--method", "dense", "--updates", "1",
                   "--dense-reward", "learned", "--prm-warmup-episodes", "4", "--prm-expert-episodes", "0")
     assert env_run[1]["train/dense_return"] > 0.05
     assert learned[1]["train/dense_return"] != env_run[1]["train/dense_return"]
@@ -2253,9 +2272,11 @@ def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(re
 
 
 def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduce, tmp_path, monkeypatch, capsys):
-    """A tiny repository whose rspo.py logs its version and the estimator it read. A run made at the first
-    commit verifies there although HEAD logs another version; the estimator, never committed, is the
-    repository's; the worktree is gone afterwards, also when the rerun fails."""
+    """A tiny repository whose rspo.py logs its version, its method and the estimator it read. A run made at
+    the first commit verifies there although HEAD logs another version; the estimator, never committed, is the
+    repository's; the worktree is gone afterwards, also when the rerun fails. The first commit's rspo.py knows
+    only the flag's old name, --reward (an unknown flag exits 2, as argparse's): the command.txt's --method is
+    passed to it as --reward (for_old_trainer); the second's knows only --method and gets it unchanged."""
     repo, run = tmp_path / "repo", tmp_path / "run"
     repo.mkdir()
     run.mkdir()
@@ -2264,21 +2285,33 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
         return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout
     git("init", "-q")
-    commits = []
-    for version in (1, 2):
-        (repo / "rspo.py").write_text(
+    commits, sources = [], {}
+    for version, name in ((1, "--reward"), (2, "--method")):
+        sources[version] = (
             "import json, sys\n"
             "a = sys.argv\n"
-            f"record = {{'version': {version}, 'estimator': open(a[a.index('--prm-path') + 1]).read()}}\n"
+            f"if [f for f in a[1::2] if f not in ({name!r}, '--prm-path', '--output-dir')]:\n"
+            "    sys.exit(2)   # argparse: unrecognized arguments\n"
+            f"record = {{'version': {version}, 'method': a[a.index({name!r}) + 1],\n"
+            "          'estimator': open(a[a.index('--prm-path') + 1]).read()}\n"
             "open(a[a.index('--output-dir') + 1] + '/metrics.jsonl', 'w').write(json.dumps(record))\n")
+        (repo / "rspo.py").write_text(sources[version])
         git("add", "rspo.py")
         git("commit", "-qm", f"v{version}")
         commits.append(git("rev-parse", "HEAD").strip())
     (repo / "results" / "estimators").mkdir(parents=True)
     (repo / "results" / "estimators" / "e.pt").write_text("fitted")   # not committed, like the real ones
-    (run / "command.txt").write_text("python rspo.py --prm-path results/estimators/e.pt --output-dir results/x\n")
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "estimator": "fitted"}) + "\n")
+    (run / "command.txt").write_text(
+        "python rspo.py --method outcome --prm-path results/estimators/e.pt --output-dir results/x\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "method": "outcome", "estimator": "fitted"}) + "\n")
     monkeypatch.setattr(reproduce, "ROOT", str(repo))
+    # the translation itself: only the flag --method (also as --method=X), only for a trainer without it
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "rspo.py").write_text(sources[1])
+    cmd = ["python", "rspo.py", "--method", "dense", "--method=rspo", "--reward-scale", "2", "--dense-reward", "env"]
+    assert reproduce.for_old_trainer(cmd, str(tmp_path / "old")) == \
+        ["python", "rspo.py", "--reward", "dense", "--reward=rspo", "--reward-scale", "2", "--dense-reward", "env"]
+    assert reproduce.for_old_trainer(cmd, str(repo)) == cmd
 
     def verify(**config):
         (run / "config.json").write_text(json.dumps(config))
@@ -2296,9 +2329,9 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert not ok and "is not in this repository" in out
     # --here: the current tree (version 2) reruns it, whatever commit made it
     assert not reproduce.verify([str(run)], here=True)
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 2, "estimator": "fitted"}) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 2, "method": "outcome", "estimator": "fitted"}) + "\n")
     assert reproduce.verify([str(run)], here=True) and "(rerun with the current tree)" in capsys.readouterr().out
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "estimator": "fitted"}) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "method": "outcome", "estimator": "fitted"}) + "\n")
     (repo / "results" / "estimators" / "e.pt").unlink()
     with pytest.raises(subprocess.CalledProcessError):
         verify(git_commit=commits[0])

@@ -27,6 +27,8 @@ def main(argv=None):
         p.error(f"{a.run_dir}: needs config.json and model/ (a run made without --no-save-model)")
     with open(config) as f:
         settings = json.load(f)
+    if "reward" in settings and "method" not in settings:   # written before --reward was renamed --method
+        settings["method"] = settings.pop("reward")
     cfg = rspo.build_parser().parse_args([])
     for k, v in settings.items():
         if hasattr(cfg, k):

@@ -4,7 +4,7 @@
     python scripts/profile_run.py --env webshop            # flags replace the defaults of the same name
     python scripts/profile_run.py -- --env alfworld ...    # after --: exactly these rspo flags, no defaults
 
-Prints two tables. Phases (exclusive, they add up to the run): warm start, evaluation, explorer B (--reward rspo),
+Prints two tables. Phases (exclusive, they add up to the run): warm start, evaluation, explorer B (--method rspo),
 training rollouts, update, setup/other. Components (inclusive, per phase): decoding (Policy.act, the sampler; or
 the demonstrator in the warm start), env construction (envs.make_env), env reset+step, prompt rendering
 (build_prompt) and encoding (encode_prompt), scoring (rspo.score_steps, no gradients), forward with gradients
@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
 import rspo  # noqa: E402
 
-DEFAULTS = ["--env", "alfworld", "--reward", "outcome", "--algo", "grpo", "--warm-start", "200", "--updates", "6",
+DEFAULTS = ["--env", "alfworld", "--method", "outcome", "--algo", "grpo", "--warm-start", "200", "--updates", "6",
             "--eval-every", "3", "--eval-episodes", "64", "--no-save-model", "--no-progress", "--threads", "1"]
-PHASES = {"warm_start": "warm start", "evaluate": "evaluation", "explore": "explorer B (--reward rspo)",
+PHASES = {"warm_start": "warm start", "evaluate": "evaluation", "explore": "explorer B (--method rspo)",
           "rollout": "training rollouts", "update": "update"}
 
 seconds, calls = defaultdict(float), defaultdict(int)   # keyed by (phase, component)

@@ -14,7 +14,8 @@ command is left as it is. A run cut off midway continues from its last checkpoin
 updates), so the script resumes where it stopped. The trainer is deterministic on CPU: rerunning a command
 at the commit that made it (config.json's git_commit) reproduces its committed metrics; --verify does so
 in a temporary git worktree of that commit, for a run directory wherever it lies now (its command.txt still
-names the results/<experiment>/<run>/ it was written to; the rerun goes to a temporary directory instead).
+names the results/<experiment>/<run>/ it was written to; the rerun goes to a temporary directory instead;
+a commit from before `--reward` was renamed `--method` is given `--reward`, see for_old_trainer).
 
 New runs go to results/. results/archive/ holds the previous regime's runs (a tiny agent trained from
 scratch; see its README.md), moved there unchanged: --report --results results/archive rebuilds its
@@ -29,6 +30,7 @@ import csv
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -65,25 +67,25 @@ LONG = {env: ["--updates", str(int(2.5 * int(flags[flags.index("--updates") + 1]
 # the paper's fixed PRM; `rspo_envdense` uses the environment's event-style dense reward.
 LEARNED = ["--dense-reward", "learned", "--prm-path", "{results}/estimators/{env}_s{seed}.pt"]
 METHODS = {
-    "outcome": ["--reward", "outcome"],
-    "outcome_long": ["--reward", "outcome", "{long}"],
-    "rspo_progress": ["--reward", "rspo", "--dense-reward", "progress"],
+    "outcome": ["--method", "outcome"],
+    "outcome_long": ["--method", "outcome", "{long}"],
+    "rspo_progress": ["--method", "rspo", "--dense-reward", "progress"],
     # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (results/README.md, pre-registration 2)
-    "rspo_progress_elr3e-4": ["--reward", "rspo", "--dense-reward", "progress", "--explorer-lr", "3e-4"],
-    "rspo": ["--reward", "rspo", *LEARNED],
-    "rspo_envdense": ["--reward", "rspo", "--dense-reward", "env"],
-    "dense": ["--reward", "dense", "--dense-reward", "env"],
-    "dense_progress": ["--reward", "dense", "--dense-reward", "progress"],
-    "rspo_sampling_variance": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "variance"],
-    "rspo_sampling_random": ["--reward", "rspo", *LEARNED, "--buffer-sampling", "random"],
-    "rspo_h": ["--reward", "rspo", "--buffer-source", "self"],
-    "rspo_o": ["--reward", "rspo", "--explorer-reward", "outcome"],
+    "rspo_progress_elr3e-4": ["--method", "rspo", "--dense-reward", "progress", "--explorer-lr", "3e-4"],
+    "rspo": ["--method", "rspo", *LEARNED],
+    "rspo_envdense": ["--method", "rspo", "--dense-reward", "env"],
+    "dense": ["--method", "dense", "--dense-reward", "env"],
+    "dense_progress": ["--method", "dense", "--dense-reward", "progress"],
+    "rspo_sampling_variance": ["--method", "rspo", *LEARNED, "--buffer-sampling", "variance"],
+    "rspo_sampling_random": ["--method", "rspo", *LEARNED, "--buffer-sampling", "random"],
+    "rspo_h": ["--method", "rspo", "--buffer-source", "self"],
+    "rspo_o": ["--method", "rspo", "--explorer-reward", "outcome"],
     # alpha = 1/16 is half a buffer group in our 8-group batch: rspo.py replays one every other update.
     # alpha = 0 is a control, not a setting: B runs but nothing is replayed, so A is GRPO drawing its tasks
     # and samples from RSPO's random stream; its gap to GRPO is the noise every RSPO variant carries.
-    **{f"rspo_alpha{a}": ["--reward", "rspo", *LEARNED, "--alpha", str(a)] for a in (0, 0.0625, 0.25, 0.5)},
-    **{f"rspo_k{k}": ["--reward", "rspo", *LEARNED, "--k", str(k)] for k in (1, 5, 10)},
-    **{f"rspo_noise{s}": ["--reward", "rspo", *LEARNED, "--dense-noise", str(s)] for s in (0.1, 0.3)},
+    **{f"rspo_alpha{a}": ["--method", "rspo", *LEARNED, "--alpha", str(a)] for a in (0, 0.0625, 0.25, 0.5)},
+    **{f"rspo_k{k}": ["--method", "rspo", *LEARNED, "--k", str(k)] for k in (1, 5, 10)},
+    **{f"rspo_noise{s}": ["--method", "rspo", *LEARNED, "--dense-noise", str(s)] for s in (0.1, 0.3)},
 }
 
 # experiment -> (methods, algorithms, environments), in the order they run: the most important first.
@@ -627,10 +629,22 @@ def checkout(commit):
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=True)
 
 
+def for_old_trainer(cmd, tree):
+    """`cmd` as the rspo.py in `tree` reads it. `--method` was called `--reward` (same choices) until it was
+    renamed; the committed command.txt files say `--method`, so at a commit whose rspo.py has no `--method` flag
+    the rerun passes `--reward X` instead. Used for checked-out commits only (not --verify --here)."""
+    with open(os.path.join(tree, "rspo.py")) as f:
+        if re.search(r"""["']--method["']""", f.read()):   # the flag is defined there: nothing to translate
+            return cmd
+    return ["--reward" + a[len("--method"):] if a == "--method" or a.startswith("--method=") else a for a in cmd]
+
+
 def rerun(path, tree):
     """Run `path`'s command.txt in the source tree `tree` into a temporary directory; its metrics."""
     with open(os.path.join(path, "command.txt")) as f:
         cmd = shlex.split(f.read())
+    if tree != ROOT:   # a checkout of the commit that made the run: perhaps from before --method
+        cmd = for_old_trainer(cmd, tree)
     estimator = flag(cmd, "--prm-path")
     if estimator and not os.path.exists(os.path.join(tree, estimator)) and os.path.exists(os.path.join(ROOT, estimator)):
         # Estimators are not committed (results/estimators/ is ignored): the rerun at an old commit loads
