@@ -2163,6 +2163,14 @@ def test_estimator_starts_from_the_starting_policy(monkeypatch):
     assert cfg.prm_lr == 1e-3 and rspo.build_parser().parse_args([]).prm_expert_episodes == 0
 
 
+def test_prm_epochs_default_is_each_envs_best_fit():
+    """--prm-epochs unset: 10 passes on ALFWorld, 5 on WebShop (where each env's held-out fit is best,
+    docs/dense-rewards.md); a given value, 0 included, is kept."""
+    for env, passes in (("alfworld", 10), ("webshop", 5)):
+        assert rspo.validate(rspo.build_parser().parse_args(["--env", env])).prm_epochs == passes
+    assert rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--prm-epochs", "0"])).prm_epochs == 0
+
+
 def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
     pytest.importorskip("alfworld")
     for t in range(2):
