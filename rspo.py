@@ -1629,6 +1629,14 @@ def save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record):
     os.replace(path + ".tmp", path)
 
 
+def current_names(settings):
+    """Saved settings (a checkpoint's, a run's config.json) under today's names: those written before --reward
+    was renamed --method hold the method as "reward"."""
+    if "reward" in settings and "method" not in settings:
+        return {("method" if k == "reward" else k): v for k, v in settings.items()}
+    return settings
+
+
 def load_checkpoint(cfg):
     """--resume: the checkpoint in --output-dir, or None when the directory holds no run yet. Without --resume
     or --overwrite a directory holding a run is refused, so a new run never replaces an earlier one."""
@@ -1643,9 +1651,7 @@ def load_checkpoint(cfg):
     if not os.path.isfile(path):
         raise ConfigError(f"--resume: {out} holds a run but no checkpoint (--save-every); --overwrite starts it again")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    saved, now = checkpoint["settings"], run_settings(cfg)
-    if "reward" in saved and "method" not in saved:   # written before --reward was renamed --method
-        saved = {("method" if k == "reward" else k): v for k, v in saved.items()}
+    saved, now = current_names(checkpoint["settings"]), run_settings(cfg)
     diff = [f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(saved) | set(now))
             if saved.get(k) != now.get(k)]
     if diff:

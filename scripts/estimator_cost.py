@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import profile_run  # noqa: E402  (scripts/: its flag merging)
 import rspo  # noqa: E402
 
 DEFAULTS = ["--env", "webshop", "--num-groups", "8", "--group-size", "8", "--max-steps", "10", "--warm-start",
@@ -33,18 +34,12 @@ def parse(argv):
     if "--variants" in argv:
         i = argv.index("--variants")
         variants, argv = argv[i + 1:], argv[:i]
-    given = {a for a in argv if a.startswith("--")}
-    flags, i = [], 0
-    while i < len(DEFAULTS):   # drop a default whose flag is given (with its value, if it has one)
-        has_value = i + 1 < len(DEFAULTS) and not DEFAULTS[i + 1].startswith("--")
-        if DEFAULTS[i] not in given:
-            flags += DEFAULTS[i:i + 1 + has_value]
-        i += 1 + has_value
-    return flags + argv, variants
+    return profile_run.merged(argv, DEFAULTS), variants
 
 
 def fit_once(policy, argv):
-    """Fit a fresh estimator for the run `argv` describes, from `policy`: (CPU seconds of the fit, its stats)."""
+    """Fit a fresh estimator for the run `argv` describes, from `policy`: (CPU seconds collecting, CPU seconds
+    fitting, env steps, mean tokens per step, the fit's stats)."""
     cfg = rspo.validate(rspo.build_parser().parse_args(argv))
     rspo.probe_env(cfg)
     dense = rspo.dense_source(policy, cfg)

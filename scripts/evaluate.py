@@ -26,9 +26,7 @@ def main(argv=None):
     if not os.path.isfile(config) or not os.path.isdir(model):
         p.error(f"{a.run_dir}: needs config.json and model/ (a run made without --no-save-model)")
     with open(config) as f:
-        settings = json.load(f)
-    if "reward" in settings and "method" not in settings:   # written before --reward was renamed --method
-        settings["method"] = settings.pop("reward")
+        settings = rspo.current_names(json.load(f))
     cfg = rspo.build_parser().parse_args([])
     for k, v in settings.items():
         if hasattr(cfg, k):

@@ -82,11 +82,11 @@ def timed(fn, name, is_phase=False):
     return wrapper
 
 
-def merged(argv):
-    """DEFAULTS with each flag given in argv replaced (a flag's value is everything up to the next --flag)."""
+def merged(argv, defaults=DEFAULTS):
+    """`defaults` with each flag given in argv replaced (a flag's value is everything up to the next --flag)."""
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
     out, skip = [], False
-    for a in DEFAULTS:
+    for a in defaults:
         if a.startswith("--"):
             skip = a in given or (a.startswith("--no-") and "--" + a[5:] in given)
         if not skip:

@@ -662,27 +662,22 @@ def verify(paths, here=False):
     the current tree (do later changes keep behaviour?)."""
     ok = True
     for path in paths:
-        if here:
-            same = same_metrics(rerun(path, ROOT), read_metrics(path))
-            print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'} (rerun with the current tree)")
-            ok &= same
-            continue
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
-        commit = cfg.get("git_commit")
+        commit = None if here else cfg.get("git_commit")
         if commit and subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
                                      capture_output=True).returncode:
             print(f"{path}: FAILED: the commit that made it, {commit}, is not in this repository")
             ok = False
             continue
-        if not commit:
+        if not commit and not here:
             print(f"{path}: config.json names no commit: rerun with the current tree")
-        elif cfg.get("git_dirty"):
+        elif commit and cfg.get("git_dirty"):
             print(f"{path}: warning: made from uncommitted changes to {commit}; rerun at {commit} anyway")
         with checkout(commit) if commit else nullcontext(ROOT) as tree:
             same = same_metrics(rerun(path, tree), read_metrics(path))
         print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}"
-              + (f" (rerun at {commit})" if commit else ""))
+              + (f" (rerun at {commit})" if commit else " (rerun with the current tree)" if here else ""))
         ok &= same
     return ok
 
