@@ -2348,21 +2348,29 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
 
 def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys):
     """--report --results DIR (the archive) reads the runs under DIR and writes final.csv and tables.md there,
-    with each run's path where it lies now; results/ is left alone. --results without --report is refused."""
+    with each run's path where it lies now; results/ is left alone. --results without --report is refused. The
+    archive's runs predate the registration: no pre-registered table, even for a registered (env, algo, method).
+    The estimator's table names its data from the run's config."""
     archive = tmp_path / "results" / "archive"
-    run = archive / "main" / "webshop_grpo_outcome_s0"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4}))
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1},
-        {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
-         "env_steps/B": 0, "time/A_seconds": 2.0}]))
+    for method, prm in [("outcome", {}), ("rspo", {"prm_model": "tiny", "prm_warmup_episodes": 64,
+                                                   "prm_expert_episodes": 256, "prm_epochs": 30})]:
+        run = archive / "main" / f"webshop_grpo_{method}_s0"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4, **prm}))
+        fit = {f"prm/heldout_{k}": 0.5 for k in ("loss", "sum_error", "corr_progress", "corr_progress_after_first")}
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+            {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1, **(fit if prm else {})},
+            {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
+             "env_steps/B": 0, "time/A_seconds": 2.0}]))
     reproduce.main(["--report", "--results", str(archive)])
     with open(archive / "final.csv") as f:
-        (row,) = csv.DictReader(f)
+        row, _ = csv.DictReader(f)
     assert row["method"] == "outcome" and float(row["success"]) == 0.25
-    assert row["path"] == os.path.relpath(run, reproduce.ROOT)
-    assert "## Main comparison" in (archive / "tables.md").read_text()
+    assert row["path"] == os.path.relpath(archive / "main" / "webshop_grpo_outcome_s0", reproduce.ROOT)
+    text = (archive / "tables.md").read_text()
+    assert "## Main comparison" in text and "Pre-registered" not in text
+    assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
+    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED   # registered, yet left out above
     assert sorted(os.listdir(tmp_path / "results")) == ["archive"]
     with pytest.raises(SystemExit):
         reproduce.main(["--results", str(archive)])
