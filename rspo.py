@@ -185,6 +185,9 @@ class ConfigError(ValueError):
 
 
 def validate(cfg):
+    """Check the settings (bad input: ConfigError) and fill in every derived one: the prompt and action mode, the
+    learning rates, the warm start, the output directory, the held-out split, the env's episode cap and its number
+    of train tasks (probe_env). The one place cfg is changed; returns it."""
     checks = [
         (cfg.group_size >= 1, "--group-size must be >= 1"),
         (cfg.num_groups >= 1, "--num-groups must be >= 1"),
@@ -259,6 +262,7 @@ def validate(cfg):
     if cfg.prm_epochs is None:   # WebShop's 205 trajectories overfit by 10 passes (and 5 fit in < 2 CPU minutes)
         cfg.prm_epochs = {"alfworld": 10, "webshop": 5}[cfg.env]
     cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
+    cfg.env_options["max_steps"], cfg.train_tasks = probe_env(cfg)
     if cfg.method == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
         raise ConfigError("--alpha leaves no on-policy group")
     return cfg
@@ -1725,18 +1729,21 @@ def autocast_dtype(name, device):
 
 
 def probe_env(cfg):
-    """Build one environment up front, so a missing backend or a bad option is a one-line error."""
+    """Build one environment up front, so a missing backend or a bad option is a one-line error. Returns the
+    episode cap (--max-steps, or the env's own limit when smaller) and the number of train tasks (validate
+    fills them in)."""
     try:
         env = envs.make_env(cfg.env, split="train", seed=0, backend=cfg.backend, **cfg.env_options)
         _, info = env.reset()
-        cfg.env_options["max_steps"] = min(cfg.max_steps, env.max_steps)
-        cfg.train_tasks = envs.num_tasks(cfg.env, "train", backend=cfg.backend, **cfg.env_options)
+        options = {**cfg.env_options, "max_steps": min(cfg.max_steps, env.max_steps)}
+        train_tasks = envs.num_tasks(cfg.env, "train", backend=cfg.backend, **options)
         for split in cfg.eval_split.split(","):
-            envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options)
+            envs.num_tasks(cfg.env, split, backend=cfg.backend, **options)
     except (ValueError, RuntimeError, ImportError, TypeError, OSError) as e:
         raise ConfigError(f"--env {cfg.env}: {e}") from None
     if cfg.action_mode == "constrained" and not info.get("admissible_actions"):
         raise ConfigError(f"--action-mode constrained needs admissible actions, and {cfg.env} exposes none")
+    return options["max_steps"], train_tasks
 
 
 def enable_checkpointing(lm):
@@ -1873,8 +1880,7 @@ def main(argv=None, pretrained=None):
     parser = build_parser()
     cfg = parser.parse_args(argv)
     try:   # every check before any work, and before the output directory is touched
-        validate(cfg)
-        probe_env(cfg)
+        validate(cfg)   # fills in every derived setting; cfg is not changed after it
         check_writable(cfg.output_dir, "--output-dir")
         checkpoint = load_checkpoint(cfg)
         if cfg.prm_path:

@@ -674,7 +674,6 @@ def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     assert not (tmp_path / "a" / "model.tmp").exists()
     cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--model", str(saved)]))
     assert (cfg.prompt, cfg.action_mode, cfg.lr) == ("compact", "constrained", 0.003)
-    rspo.probe_env(cfg)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
     head = torch.load(saved / "value_head.pt")
     assert head["weight"].abs().sum() > 0   # PPO trained it away from its zero start
@@ -729,7 +728,6 @@ def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
                          "--updates", "1"])
     assert records[-1]["losses/grad_norm"] > 0
     cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"]))
-    rspo.probe_env(cfg)
     initial = rspo.build_policy(cfg, torch.device("cpu")).agent.lm
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
@@ -1037,6 +1035,16 @@ def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypa
     assert code == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
     assert (tmp_path / "earlier" / "metrics.jsonl").read_text() == '{"update": 0}\n'
+
+
+def test_validate_fills_in_the_envs_episode_cap_and_task_count():
+    """validate is the one place derived settings are filled in, the environment's too: --max-steps above
+    ALFWorld's own limit of 50 is capped there, and train_tasks is the train split's size (rollout draws from it)."""
+    cfg = rspo.validate(rspo.build_parser().parse_args(["--max-steps", "80"]))
+    assert cfg.env_options["max_steps"] == 50
+    assert cfg.train_tasks == envs.num_tasks("alfworld", "train", max_steps=50) > 1000
+    cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--max-steps", "4"]))
+    assert cfg.env_options["max_steps"] == 4 and cfg.train_tasks == envs.num_tasks("webshop", "train")
 
 
 # =============================================================================================
@@ -2061,7 +2069,6 @@ def test_relabel_dense_uses_the_estimator_and_noise_has_the_right_std():
 @pytest.mark.usefixtures("one_thread")
 def test_expert_actor_steps_look_like_the_policy_and_fail_with_noise():
     cfg = rspo.validate(rspo.build_parser().parse_args(["--max-steps", "15"]))
-    rspo.probe_env(cfg)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
     for noise, lo, hi in ((0.0, 1.0, 1.0), (0.7, 0.1, 0.9)):
         act = rspo.expert_actor(policy, noise, np.random.default_rng(0))
@@ -2082,7 +2089,6 @@ def test_estimator_rewards_correlate_with_alfworld_progress():
         "--dense-reward", "learned", "--max-steps", "15", "--env-options", '{"task_types": ["pick_and_place_simple"]}',
         "--prm-warmup-episodes", "120", "--prm-expert-episodes", "120", "--prm-expert-noise", "0.3",
         "--prm-epochs", "8", "--prm-batch-size", "4", "--prm-lr", "3e-3", "--no-progress"]))
-    rspo.probe_env(cfg)
     torch.manual_seed(0)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
     dense = rspo.dense_source(policy, cfg)
@@ -2147,7 +2153,6 @@ def test_estimator_starts_from_the_starting_policy(monkeypatch):
             "--dense-reward", "learned", "--prm-model", prm_model, "--max-steps", "3", "--group-size", "2",
             "--warm-start", "4", "--warm-start-epochs", "1", "--prm-warmup-episodes", "4", "--prm-epochs", "2",
             "--no-progress"]))
-        rspo.probe_env(cfg)
         policy = rspo.build_policy(cfg, torch.device("cpu"))
         before = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
         dense = rspo.dense_source(policy, cfg)

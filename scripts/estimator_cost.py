@@ -41,7 +41,6 @@ def fit_once(policy, argv):
     """Fit a fresh estimator for the run `argv` describes, from `policy`: (CPU seconds collecting, CPU seconds
     fitting, env steps, mean tokens per step, the fit's stats)."""
     cfg = rspo.validate(rspo.build_parser().parse_args(argv))
-    rspo.probe_env(cfg)
     dense = rspo.dense_source(policy, cfg)
     fitting, fit = [0.0], rspo.fit_estimator
 
@@ -65,7 +64,6 @@ def fit_once(policy, argv):
 def main(argv=None):
     flags, variants = parse(sys.argv[1:] if argv is None else argv)
     cfg = rspo.validate(rspo.build_parser().parse_args(flags))
-    rspo.probe_env(cfg)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     policy = rspo.build_policy(cfg, rspo.pick_device(cfg.device))

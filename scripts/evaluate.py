@@ -35,7 +35,6 @@ def main(argv=None):
     cfg.eval_split, cfg.eval_episodes = a.split or cfg.eval_split, a.episodes or cfg.eval_episodes
     try:
         rspo.validate(cfg)
-        rspo.probe_env(cfg)
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         policy = rspo.build_policy(cfg, rspo.pick_device(cfg.device))
     except rspo.ConfigError as e:

@@ -58,7 +58,6 @@ def phase(name, fn):
 def main(argv):
     cfg = rspo.build_parser().parse_args(argv)
     rspo.validate(cfg)
-    rspo.probe_env(cfg)   # sets the episode length (env_options max_steps) from --max-steps
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads or 1)
     threading.Thread(target=sampler, daemon=True).start()

@@ -43,7 +43,6 @@ cfg = rspo.build_parser().parse_args(["--env", "alfworld", "--max-steps", "30", 
                                       "--eval-split", "valid_seen", "--seed", "0", "--threads", "1",
                                       "--history", str(a.history)])
 rspo.validate(cfg)
-rspo.probe_env(cfg)
 torch.manual_seed(0)
 torch.set_num_threads(1)
 policy = rspo.build_policy(cfg, torch.device("cpu"))

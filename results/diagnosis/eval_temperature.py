@@ -22,7 +22,6 @@ model, temps = sys.argv[1], [float(t) for t in sys.argv[2:]]
 cfg = rspo.build_parser().parse_args(["--env", "alfworld", "--model", model, "--max-steps", "30", "--eval-episodes", "128",
                                       "--eval-split", "valid_seen", "--seed", "0", "--threads", "1"])
 rspo.validate(cfg)
-rspo.probe_env(cfg)
 torch.set_num_threads(1)
 policy = rspo.build_policy(cfg, torch.device("cpu"))
 out = {}
