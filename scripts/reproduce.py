@@ -262,7 +262,7 @@ def final_rows(results):
                 "buffer_groups_with_success": mean_of(records[1:], "buffer/groups_with_success"),
                 "distinct_states": last.get("train/distinct_states", 0),
                 **{k: v for k, v in records[0].items() if k.startswith("prm/heldout")},
-                "prm_data": (f"{cfg.get('prm_model', 'tiny')} backbone, {cfg.get('prm_warmup_episodes')} + "
+                "estimator_data": (f"{cfg.get('prm_model', 'tiny')} backbone, {cfg.get('prm_warmup_episodes')} + "
                              f"{cfg.get('prm_expert_episodes')} episodes, {cfg.get('prm_epochs')} passes"),
                 **{k: v for k, v in last.items() if k.startswith("eval/success/") or "/wins/" in k},
                 **({"warmstart_success": records[0]["eval/success"], "env_steps_warmstart": last["env_steps/warmstart"],
@@ -455,7 +455,7 @@ def estimator_table(rows):
     for r in sorted(rows, key=lambda r: (r["env"], r["seed"])):
         if "prm/heldout_loss" in r and (r["env"], r["seed"]) not in seen:
             seen.add((r["env"], r["seed"]))
-            lines.append([r["env"], str(r["seed"]), r["prm_data"], *[f"{r[f'prm/heldout_{k}']:.3f}" for k in
+            lines.append([r["env"], str(r["seed"]), r["estimator_data"], *[f"{r[f'prm/heldout_{k}']:.3f}" for k in
                           ("loss", "sum_error", "corr_progress", "corr_progress_after_first")]])
     return table(head, lines)
 
