@@ -2,6 +2,8 @@
 
     python results/mechanism.py > results/mechanism.md     # and mechanism.png with matplotlib
     python results/mechanism.py --method rspo_progress_elr3e-4 > results/mechanism_elr3e-4.md
+    python results/mechanism.py --method rspo > results/mechanism_rspo.md                    # the learned source
+    python results/mechanism.py --method rspo_envdense > results/mechanism_rspo_envdense.md  # the env source
 
 For the RSPO runs of a pre-registered comparison (results/main/alfworld_grpo_<method>_s*), per task
 type and per block of 10 updates of A, mean over seeds: B's training success (explorer/success/<type>, its last
