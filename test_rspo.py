@@ -2223,12 +2223,14 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
                 "path": path}
     rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
             row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
-            row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop")]
+            row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop"), row("outcome", 0, 0.12, env="webshop")]
     text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo_progress"))
     # seeds 0 and 200 only (600 has no base run): +10.0 and -4.0, mean +3.0, sd 9.899, t(1) = 12.706 -> ±88.9
     # the last-3 end point here is half the final success: +5.0 and -2.0, mean +1.5 [-43.0, +46.0]
     assert "| 0 | 40.0 | 50.0 | +10.0 | +5.0 |" in text and "| 200 | 50.0 | 46.0 | -4.0 | -2.0 |" in text
     assert "| 600 " not in text and "**+3.0 [-85.9, +91.9]** | +1.5 [-43.0, +46.0] |" in text
+    assert "| Δ valid_seen (the measure) |" in text
+    assert "| Δ test (the measure) |" in "\n".join(reproduce.primary_table(rows, "webshop", "grpo", "rspo_progress"))
     assert reproduce.primary_table([r for r in rows if r["method"] != "rspo_progress"], "alfworld", "grpo",
                                    "rspo_progress") == []
     # against another method than the base algorithm: seed 0 only, .99 - .50

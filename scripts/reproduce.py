@@ -363,7 +363,8 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
     summary[0] = f"**{summary[0]}**"
     lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
                   f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
-    names = {"success": "Δ valid_seen (the measure)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
+    measure = {"alfworld": "valid_seen", "webshop": "test"}[env]   # the split each env's runs are evaluated on first
+    names = {"success": f"Δ {measure} (the measure)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
     base_name = algo if base_method == "outcome" else f"{base_method}+{algo}"
     return [f"## Pre-registered comparison: {method}+{algo} vs {base_name} on {env} (results/README.md)", "",
             "Final held-out success (%), paired by seed; mean differences with their 95 % Student-t intervals.", "",
