@@ -2220,7 +2220,7 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
         path = f"{env}_{method}_{seed}"
         last3[path] = success / 2
         return {"experiment": "main", "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success,
-                "path": path}
+                "path": path, "measure": {"alfworld": "valid_seen", "webshop": "test"}[env]}
     rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
             row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
             row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop"), row("outcome", 0, 0.12, env="webshop")]
@@ -2363,7 +2363,8 @@ def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path
                                                    "prm_expert_episodes": 256, "prm_epochs": 30})]:
         run = archive / "main" / f"webshop_grpo_{method}_s0"
         run.mkdir(parents=True)
-        (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4, **prm}))
+        (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4,
+                                                       "eval_split": "test", **prm}))
         fit = {f"prm/heldout_{k}": 0.5 for k in ("loss", "sum_error", "corr_progress", "corr_progress_after_first")}
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
             {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1, **(fit if prm else {})},

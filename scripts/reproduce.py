@@ -262,6 +262,7 @@ def final_rows(results):
                 "buffer_groups_with_success": mean_of(records[1:], "buffer/groups_with_success"),
                 "distinct_states": last.get("train/distinct_states", 0),
                 **{k: v for k, v in records[0].items() if k.startswith("prm/heldout")},
+                "measure": cfg["eval_split"].split(",")[0],   # the split of eval/success (rspo.py's first --eval-split)
                 "estimator_data": (f"{cfg.get('prm_model', 'tiny')} backbone, {cfg.get('prm_warmup_episodes')} + "
                              f"{cfg.get('prm_expert_episodes')} episodes, {cfg.get('prm_epochs')} passes"),
                 **{k: v for k, v in last.items() if k.startswith("eval/success/") or "/wins/" in k},
@@ -363,8 +364,7 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
     summary[0] = f"**{summary[0]}**"
     lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
                   f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
-    measure = {"alfworld": "valid_seen", "webshop": "test"}[env]   # the split each env's runs are evaluated on first
-    names = {"success": f"Δ {measure} (the measure)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
+    names = {"success": f"Δ {rs[0]['measure']} (the measure)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
     base_name = algo if base_method == "outcome" else f"{base_method}+{algo}"
     return [f"## Pre-registered comparison: {method}+{algo} vs {base_name} on {env} (results/README.md)", "",
             "Final held-out success (%), paired by seed; mean differences with their 95 % Student-t intervals.", "",
