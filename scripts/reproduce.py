@@ -513,7 +513,7 @@ def tables(rows, registered=()):
            "GRPO's held-out success at its last evaluation within RSPO's total env steps (A + B + estimator)",
            "or total seconds; in brackets the updates of A it had made by then.", "",
            *equal_cost_table(rows),
-           "## Dense reward only (event-style env reward)", "", *results_table(rows, {"dense"}, ("outcome",)),
+           "## Dense reward only (Figure 3)", "", *results_table(rows, {"dense"}, ("outcome",)),
            "## Ablations (Table 2)", "", *results_table(rows, {"ablations"}, ("outcome", "rspo")),
            "## Sweeps of RSPO's knobs within the paper's ranges", "", *results_table(rows, {"sweeps"}, ("outcome", "rspo"))]
     return "\n".join(out)
@@ -554,15 +554,16 @@ def figures(rows, results):
         fig.savefig(os.path.join(results, f"curves_{env}.png"))
         plt.close(fig)
         # Equal total cost: success against all env steps paid (A + explorer + estimator).
-        rspo, long = main.get((env, "grpo", "rspo")), groups(rows, {"equal_cost"}).get((env, "grpo", "outcome_long"))
+        long = groups(rows, {"equal_cost"}).get((env, "grpo", "outcome_long"))
+        rspo = [(f"RSPO+GRPO ({m})", main[env, "grpo", m]) for m in ("rspo_progress", "rspo") if (env, "grpo", m) in main]
         if rspo and long:
             fig, ax = plt.subplots(figsize=(5, 3.5))
-            for label, rs in (("GRPO (run longer)", long), ("RSPO+GRPO", rspo)):
+            for colour, (label, rs) in enumerate([("GRPO (run longer)", long), *rspo]):
                 runs = [read_metrics(os.path.join(ROOT, r["path"])) for r in rs]
                 for i, rec in enumerate(runs):
                     ev = [x for x in rec if "eval/success" in x]
                     cost = [x["env_steps/A"] + x["env_steps/B"] + x.get("env_steps/prm", 0) for x in ev]
-                    ax.plot(cost, [x["eval/success"] for x in ev], "o-", color="C0" if "longer" in label else "C1",
+                    ax.plot(cost, [x["eval/success"] for x in ev], "o-", color=f"C{colour}",
                             alpha=0.7, label=label if i == 0 else None)
             ax.set(title=f"{env}: equal total cost", xlabel="env steps (A + explorer + estimator)",
                    ylabel="held-out success")
@@ -570,24 +571,33 @@ def figures(rows, results):
             fig.tight_layout()
             fig.savefig(os.path.join(results, f"equal_cost_{env}.png"))
             plt.close(fig)
-    for (env, _, _), rs in groups(rows, {"dense"}).items():
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax2 = ax.twinx()
-        for i, r in enumerate(rs):
-            records = read_metrics(os.path.join(ROOT, r["path"]))
-            ev = [x for x in records if "eval/success" in x]
-            tr = [x for x in records if "train/dense_return" in x]
-            ax.plot([x["update"] for x in ev], [x["eval/success"] for x in ev], "o-", color="C0", alpha=0.7,
-                    label="held-out success" if i == 0 else None)
-            ax2.plot([x["update"] for x in tr], [x["train/dense_return"] for x in tr], color="C3", alpha=0.7,
-                     label="dense return per episode" if i == 0 else None)
-        ax.set(xlabel="updates (dense reward only)", title=f"{env}: dense reward only ({len(rs)} seeds)")
-        ax.set_ylabel("held-out success", color="C0")
-        ax2.set_ylabel("dense return per episode (training)", color="C3")
+    # Figure 3: one panel per dense source, held-out success against the dense return it climbs; the base
+    # algorithm's mean curve (outcome reward, same seeds and warm start) for reference.
+    dense = groups(rows, {"dense"})
+    for env in sorted({k[0] for k in dense}):
+        panels = [(key, rs) for key, rs in dense.items() if key[0] == env]
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
+        for ax, ((_, algo, method), rs) in zip(axes[0], panels):
+            ax2 = ax.twinx()
+            base = main.get((env, algo, "outcome"))
+            if base:
+                xs, ys, _, _ = curve(base)
+                ax.plot(xs, ys, "--", color="grey", label=f"{algo}, outcome reward (mean)")
+            for i, r in enumerate(rs):
+                records = read_metrics(os.path.join(ROOT, r["path"]))
+                ev = [x for x in records if "eval/success" in x]
+                tr = [x for x in records if "train/dense_return" in x]
+                ax.plot([x["update"] for x in ev], [x["eval/success"] for x in ev], "o-", color="C0", alpha=0.7,
+                        label="held-out success" if i == 0 else None)
+                ax2.plot([x["update"] for x in tr], [x["train/dense_return"] for x in tr], color="C3", alpha=0.7,
+                         label="dense return per episode" if i == 0 else None)
+            ax.set(xlabel="updates (dense reward only)", title=f"{env}: {method} ({len(rs)} seeds)")
+            ax.set_ylabel("held-out success", color="C0")
+            ax2.set_ylabel("dense return per episode (training)", color="C3")
+            ax.legend(fontsize=8, loc="lower left")
         fig.tight_layout()
         fig.savefig(os.path.join(results, f"dense_only_{env}.png"))
         plt.close(fig)
-
 
 FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
