@@ -579,7 +579,8 @@ def figures(rows, results):
         fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
         for ax, ((_, algo, method), rs) in zip(axes[0], panels):
             ax2 = ax.twinx()
-            base = main.get((env, algo, "outcome"))
+            seeds = {r["seed"] for r in rs}
+            base = [r for r in main.get((env, algo, "outcome"), []) if r["seed"] in seeds]
             if base:
                 xs, ys, _, _ = curve(base)
                 ax.plot(xs, ys, "--", color="grey", label=f"{algo}, outcome reward (mean)")
@@ -589,11 +590,12 @@ def figures(rows, results):
                 tr = [x for x in records if "train/dense_return" in x]
                 ax.plot([x["update"] for x in ev], [x["eval/success"] for x in ev], "o-", color="C0", alpha=0.7,
                         label="held-out success" if i == 0 else None)
-                ax2.plot([x["update"] for x in tr], [x["train/dense_return"] for x in tr], color="C3", alpha=0.7,
-                         label="dense return per episode" if i == 0 else None)
+                ret = [x["train/dense_return"] for x in tr]   # smoothed over 10 updates: one batch is noisy
+                ax2.plot([x["update"] for x in tr], [statistics.mean(ret[max(0, j - 9):j + 1]) for j in range(len(ret))],
+                         color="C3", alpha=0.7)
             ax.set(xlabel="updates (dense reward only)", title=f"{env}: {method} ({len(rs)} seeds)")
             ax.set_ylabel("held-out success", color="C0")
-            ax2.set_ylabel("dense return per episode (training)", color="C3")
+            ax2.set_ylabel("dense return (training, 10-update mean)", color="C3")
             ax.legend(fontsize=8, loc="lower left")
         fig.tight_layout()
         fig.savefig(os.path.join(results, f"dense_only_{env}.png"))
