@@ -601,6 +601,7 @@ def figures(rows, results):
         fig.savefig(os.path.join(results, f"dense_only_{env}.png"))
         plt.close(fig)
 
+
 FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
