@@ -2216,10 +2216,10 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     assert (m, lo, hi) == pytest.approx((0.042, 0.042 - 0.06355, 0.042 + 0.06355), abs=1e-5)
     last3 = {}   # path -> the mean of its last three evaluations, as last_evaluations reads it
     monkeypatch.setattr(reproduce, "last_evaluations", lambda r: last3[r["path"]])
-    def row(method, seed, success, env="alfworld"):
+    def row(method, seed, success, env="alfworld", experiment="main"):
         path = f"{env}_{method}_{seed}"
         last3[path] = success / 2
-        return {"experiment": "main", "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success,
+        return {"experiment": experiment, "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success,
                 "path": path, "measure": {"alfworld": "valid_seen", "webshop": "test"}[env]}
     rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
             row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
@@ -2236,6 +2236,10 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     # against another method than the base algorithm: seed 0 only, .99 - .50
     text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo", "rspo_progress"))
     assert "| seed | rspo_progress+grpo | rspo+grpo |" in text and "| 0 | 50.0 | 99.0 | +49.0 |" in text
+    # a Table 2 ablation (experiment ablations) against main's full method: seed 0 only, .30 - .99
+    rows.append(row("rspo_h", 0, 0.30, experiment="ablations"))
+    text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo_h", "rspo"))
+    assert "| seed | rspo+grpo | rspo_h+grpo |" in text and "| 0 | 99.0 | 30.0 | -69.0 |" in text
 
 
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):

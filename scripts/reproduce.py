@@ -323,7 +323,9 @@ REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "gr
               ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
               ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome"),
               ("alfworld", "grpo", "rspo", "outcome"), ("alfworld", "grpo", "rspo_envdense", "outcome"),
-              *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")]]
+              *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")],
+              # Table 2 (pre-registration 3): each ablation against the full method and against the base
+              *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")]]
 
 
 def paired_interval(diffs):
@@ -342,13 +344,14 @@ def last_evaluations(row, n=3):
 
 
 def primary_table(rows, env, algo, method, base_method="outcome"):
-    """A pre-registered comparison (REGISTERED): final held-out success of `method` minus `base_method`'s, paired by
+    """A pre-registered comparison (REGISTERED): final held-out success of `method` minus `base_method`'s (main), paired by
     seed, with the mean difference and its 95 % interval; beside it the pre-registered secondary end points where
     the runs have them (valid_unseen; the mean of the last three evaluations). [] before its first run."""
     base = {r["seed"]: r for r in rows
             if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, base_method)}
-    rs = sorted((r for r in rows if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, method)
-                 and r["seed"] in base), key=lambda r: r["seed"])
+    # a method's name says its experiment (main, or ablations for Table 2); the base is always main's
+    rs = sorted((r for r in rows if (r["env"], r["algo"], r["method"]) == (env, algo, method) and r["seed"] in base),
+                key=lambda r: r["seed"])
     if not rs:
         return []
     ends = {"success": lambda r: r["success"], "unseen_success": lambda r: r["unseen_success"],
