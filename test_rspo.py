@@ -2242,6 +2242,16 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     assert "| seed | rspo+grpo | rspo_h+grpo |" in text and "| 0 | 99.0 | 30.0 | -69.0 |" in text
 
 
+def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):
+    """PPO's --vf-coef 0.1 (adopted by the rule in results/calibration/README.md) reaches every PPO command, RSPO's
+    too (its explorer and A both train with PPO), on both envs; GRPO and GiGPO keep rspo.py's default."""
+    for env in ("alfworld", "webshop"):
+        for method in ("outcome", "rspo_progress", "rspo"):
+            assert reproduce.flag(reproduce.command("main", env, "ppo", method, 0), "--vf-coef") == "0.1"
+            for algo in ("grpo", "gigpo"):
+                assert reproduce.flag(reproduce.command("main", env, algo, method, 0), "--vf-coef") is None
+
+
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):
     """command.txt must be this job's command exactly: a run made with any other flag (here not --updates),
     or by hand without command.txt, is not complete and execute leaves it as it is. The same command, cut

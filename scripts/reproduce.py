@@ -58,6 +58,10 @@ SETTINGS = {
     "webshop": ["--env", "webshop", "--num-groups", "8", "--group-size", "8", "--max-steps", "10", *WARM,
                 "--updates", "40", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "test"],
 }
+# Per base algorithm, for every method and environment alike: PPO's value loss at a fifth of its default weight
+# (the untrained critic's gradient through the shared tiny backbone undid PPO; adopted by the rule registered in
+# results/calibration/README.md, "PPO's value coefficient, 3 seeds").
+ALGO_SETTINGS = {"grpo": [], "gigpo": [], "ppo": ["--vf-coef", "0.1"]}
 # Equal total cost: the base algorithm run 2.5x as many updates (RSPO's explorer adds ~1.3x A's env steps).
 LONG = {env: ["--updates", str(int(2.5 * int(flags[flags.index("--updates") + 1])))] for env, flags in SETTINGS.items()}
 
@@ -112,7 +116,7 @@ def method_flags(env, method, seed):
 
 def command(experiment, env, algo, method, seed):
     out = run_dir(experiment, env, algo, method, seed)
-    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], "--algo", algo,
+    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], "--algo", algo, *ALGO_SETTINGS[algo],
             *method_flags(env, method, seed), "--seed", str(seed), "--output-dir", os.path.relpath(out, ROOT),
             "--no-save-model", "--no-progress"]
 
