@@ -97,7 +97,7 @@ EXPERIMENTS = {
     "main": (["outcome", "rspo_progress", "rspo_progress_elr3e-4", "rspo", "rspo_envdense"], ["grpo", "ppo", "gigpo"], ["alfworld", "webshop"]),
     "dense": (["dense", "dense_progress"], ["grpo"], ["alfworld", "webshop"]),
     "equal_cost": (["outcome_long"], ["grpo"], ["alfworld", "webshop"]),
-    "ablations": (["rspo_sampling_variance", "rspo_sampling_random", "rspo_h", "rspo_o"], ["grpo"], ["alfworld"]),
+    "ablations": (["rspo_h", "rspo_o", "rspo_sampling_variance", "rspo_sampling_random"], ["grpo"], ["alfworld"]),
     "sweeps": (["rspo_alpha0", "rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
                 "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["alfworld"]),
 }
