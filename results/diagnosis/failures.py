@@ -1,0 +1,129 @@
+"""Where the warm-started learner fails: its held-out episodes step by step, against the searching demonstrator.
+
+    python results/diagnosis/failures.py alfworld                        # the warm start of the main settings, seed 0
+    python results/diagnosis/failures.py alfworld --model runs/grpo_u60/model   # a saved policy (below)
+    python results/diagnosis/failures.py alfworld --model runs/h128_l4 --warm-start 1000   # a larger model, imitated
+    python results/diagnosis/failures.py webshop [--lowercase]
+
+The policy samples every held-out task at the evaluation temperature (rspo.evaluate's panel and RNG stream, so its
+success equals the run's eval/success). At each step the searching demonstrator's action in the same state is
+recorded beside the policy's (envs `searching_action()`: what a non-privileged expert would do here).
+ALFWorld: each failed episode is classified by what happened to the task's object (taken / seen but never taken /
+never seen; and whether another object was taken). WebShop: agreement with the demonstrator by the kind of step
+it takes (search, product click, option, navigation, buy), on test tasks and on train tasks the demonstrations
+did not cover. --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
+page and 'b0abc' in the click, for 'Office' and 'office'). rspo.py is not changed.
+
+runs/grpo_u60 is GRPO seed 0 of the main settings stopped at update 60 (its training equals
+../main/alfworld_grpo_outcome_s0's up to there; only the evaluation schedule differs), saving its model:
+    python rspo.py --env alfworld --num-groups 8 --group-size 8 --max-steps 30 --warm-start 1000 --warm-start-epochs 3 \
+      --lr 1e-4 --updates 60 --eval-every 20 --eval-episodes 140 --algo grpo --method outcome --seed 0 \
+      --output-dir runs/grpo_u60 --no-progress
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import envs  # noqa: E402
+import rspo  # noqa: E402
+
+SETTINGS = {"alfworld": ["--max-steps", "30", "--eval-split", "valid_seen", "--eval-episodes", "140"],
+            "webshop": ["--max-steps", "10", "--eval-split", "test", "--eval-episodes", "256"]}
+
+
+def lowercase_tokenizer():
+    orig = rspo.build_tiny_tokenizer
+
+    def build(words):
+        from tokenizers import normalizers
+        tok = orig(sorted({w.lower() for w in words}))
+        tok.backend_tokenizer.normalizer = normalizers.Lowercase()
+        return tok
+    rspo.build_tiny_tokenizer = build
+
+
+def step_kind(env_name, demo):
+    if env_name == "alfworld":
+        return demo.split()[0]
+    if demo.startswith("search"):
+        return "search"
+    if re.match(r"click\[b0", demo):
+        return "product"
+    return {"click[buy now]": "buy", "click[< prev]": "nav", "click[next >]": "nav",
+            "click[back to search]": "nav"}.get(demo, "option")
+
+
+def play(policy, cfg, split, seeds):
+    """The panel's episodes, with (kind, policy action == demonstrator action) per step."""
+    log = []
+
+    def act(prompts, admissible, environments):
+        out = policy.act(prompts, admissible, cfg.eval_temperature)
+        for (_, action, _), env in zip(out, environments):
+            demo = env.searching_action()
+            log.append((step_kind(cfg.env, demo), action == demo))
+        return out
+    with rspo.own_rng(cfg.seed + 10_000, policy.device):   # rspo.evaluate's stream
+        trajs = rspo.rollout(policy, cfg, seeds, split, cfg.eval_temperature, act=act, group_size=1)
+    return trajs, log
+
+
+def alfworld_failures(trajs, split):
+    counts = collections.Counter()
+    for t in trajs:
+        if t.won:
+            counts["won"] += 1
+            continue
+        obj = envs.generate_layout(split, t.task_seed)["task"]["obj"]
+        took = [bool(re.match(rf"take {obj} \d", s.action)) for s in t.steps if s.action.startswith("take ")]
+        seen = any(re.search(rf"\b{obj} \d", s.obs) for s in t.steps)
+        what = "took the task's object" if any(took) else "saw it, never took it" if seen else "never saw it"
+        counts[f"failed: {what}" + (", took another object" if not all(took) else "")] += 1
+    return counts
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("env", choices=["alfworld", "webshop"])
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--warm-start", type=int, default=None, help="default: rspo.py's (1000 for tiny, 0 for a --model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lowercase", action="store_true")
+    a = p.parse_args()
+    if a.lowercase:
+        lowercase_tokenizer()
+    cfg = rspo.build_parser().parse_args(["--env", a.env, "--model", a.model, "--seed", str(a.seed), *SETTINGS[a.env]]
+                                         + ([] if a.warm_start is None else ["--warm-start", str(a.warm_start)]))
+    rspo.validate(cfg)
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(1)
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    if cfg.warm_start:
+        stats, _, seconds = rspo.warm_start(policy, cfg)
+        print(f"warm start: {cfg.warm_start} demonstrations x {cfg.warm_start_epochs} epochs, nll "
+              f"{stats['warmstart/nll']:.3f}, {seconds:.0f} s")
+    panels = [(cfg.eval_split, range(cfg.eval_episodes))]
+    if a.env == "webshop":   # train tasks past the demonstrations: seen products, unseen goals
+        panels.append(("train", range(2000, 2000 + cfg.eval_episodes)))
+    for split, seeds in panels:
+        trajs, log = play(policy, cfg, split, seeds)
+        print(f"{split}: success {100 * np.mean([t.won for t in trajs]):.1f} % of {len(trajs)}, "
+              f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}")
+        by_kind = collections.defaultdict(list)
+        for kind, same in log:
+            by_kind[kind].append(same)
+        print("  same action as the demonstrator, by its kind of step: " + ", ".join(
+            f"{k} {100 * np.mean(v):.0f} % of {len(v)}" for k, v in sorted(by_kind.items())))
+        if a.env == "alfworld":
+            for what, n in sorted(alfworld_failures(trajs, split).items(), key=lambda kv: -kv[1]):
+                print(f"  {n:4d}  {what}")
+
+
+if __name__ == "__main__":
+    main()
