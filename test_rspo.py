@@ -2242,6 +2242,16 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     assert "| seed | rspo+grpo | rspo_h+grpo |" in text and "| 0 | 99.0 | 30.0 | -69.0 |" in text
 
 
+def test_table2_comparisons_are_registered_before_their_runs(reproduce):
+    """Pre-registrations 3 and 4 (results/README.md): every ablation against the full method and GRPO, every sweep
+    setting (the alpha = 0 control too) against the full method, all on ALFWorld GRPO."""
+    for m in reproduce.EXPERIMENTS["ablations"][0]:
+        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED)
+    assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
+    for m in reproduce.EXPERIMENTS["sweeps"][0]:
+        assert ("alfworld", "grpo", m, "rspo") in reproduce.REGISTERED
+
+
 def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):
     """PPO's --vf-coef 0.1 (adopted by the rule in results/calibration/README.md) reaches every PPO command, RSPO's
     too (its explorer and A both train with PPO), on both envs; GRPO and GiGPO keep rspo.py's default."""

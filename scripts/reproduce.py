@@ -329,7 +329,9 @@ REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "gr
               ("alfworld", "grpo", "rspo", "outcome"), ("alfworld", "grpo", "rspo_envdense", "outcome"),
               *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")],
               # Table 2 (pre-registration 3): each ablation against the full method and against the base
-              *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")]]
+              *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")],
+              # Table 2's sweeps (pre-registration 4): each setting against the default knobs, rspo
+              *[("alfworld", "grpo", m, "rspo") for m in EXPERIMENTS["sweeps"][0]]]
 
 
 def paired_interval(diffs):
@@ -353,7 +355,7 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
     the runs have them (valid_unseen; the mean of the last three evaluations). [] before its first run."""
     base = {r["seed"]: r for r in rows
             if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, base_method)}
-    # a method's name says its experiment (main, or ablations for Table 2); the base is always main's
+    # a method's name says its experiment (main, or ablations / sweeps for Table 2); the base is always main's
     rs = sorted((r for r in rows if (r["env"], r["algo"], r["method"]) == (env, algo, method) and r["seed"] in base),
                 key=lambda r: r["seed"])
     if not rs:
