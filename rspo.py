@@ -1204,6 +1204,9 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
                        float(st["info"]["score"])) for st, (g, s) in zip(live, games)]
 
 
+EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples the panel alike
+
+
 def evaluate(policy, cfg):
     """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
     for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
@@ -1212,7 +1215,7 @@ def evaluate(policy, cfg):
     for i, split in enumerate(cfg.eval_split.split(",")):
         prefix = "eval" if i == 0 else f"eval_{split}"
         n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
-        with own_rng(cfg.seed + 10_000, policy.device):
+        with own_rng(cfg.seed + EVAL_SEED_OFFSET, policy.device):
             trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature)
         out[f"{prefix}/success"] = float(np.mean([t.won for t in trajs]))
         out[f"{prefix}/score"] = float(np.mean([t.score for t in trajs]))

@@ -30,7 +30,7 @@ for t in temps:
     start = time.time()
     res = rspo.evaluate(policy, cfg)
     # behaviour on the same panel and RNG stream (rollout exactly as rspo.evaluate does it)
-    with rspo.own_rng(cfg.seed + 10_000, policy.device):
+    with rspo.own_rng(cfg.seed + rspo.EVAL_SEED_OFFSET, policy.device):
         trajs = rspo.rollout(policy, cfg, range(cfg.eval_episodes), cfg.eval_split, t)
     assert abs(sum(tr.won for tr in trajs) / len(trajs) - res["eval/success"]) < 1e-9
     beh = {}

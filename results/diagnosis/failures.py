@@ -69,7 +69,7 @@ def play(policy, cfg, split, seeds):
             demo = env.searching_action()
             log.append((step_kind(cfg.env, demo), action == demo))
         return out
-    with rspo.own_rng(cfg.seed + 10_000, policy.device):   # rspo.evaluate's stream
+    with rspo.own_rng(cfg.seed + rspo.EVAL_SEED_OFFSET, policy.device):   # rspo.evaluate's stream
         trajs = rspo.rollout(policy, cfg, seeds, split, cfg.eval_temperature, act=act, group_size=1)
     return trajs, log
 
