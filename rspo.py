@@ -22,8 +22,8 @@ Paper -> code (Algorithm 1; train reads top to bottom in this order):
     shifted clip around c = pi_old / pi_B              shifted_clip_loss (replayed tokens carry Step.behav_logp)
     base algorithm                                     grpo_advantages, gigpo_advantages, gae_advantages, update
 
-Layout: config -> pure math (advantages, losses, reward swap, buffer sampling) -> policy wrapper ->
-learned dense reward -> rollout -> update -> the RSPO cycle -> checkpoints (--save-every, --resume) -> main.
+Layout: the method first (the math, the reward swap and buffer, rollout, update, the RSPO cycle and what it
+logs), then the machinery (the policy wrapper, warm start, learned dense reward, flags, checkpoints, main).
 The README has the RSPO-specific checklist, docs/checklist.md the rest.
 """
 import argparse
@@ -49,223 +49,6 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 
 import envs
-
-# ----------------------------------------------------------------------------------------------
-# Config
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line and exit code 2, no usage dump and no traceback."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser():
-    # allow_abbrev=False: a prefix is no flag (an old `--reward rspo` is refused as unrecognized, not read as
-    # --reward-scale)
-    p = Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-               allow_abbrev=False)
-    a = p.add_argument
-    # what to run
-    a("--env", default="alfworld", choices=["alfworld", "webshop"], help="text environment")
-    a("--env-options", default="{}", help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
-    a("--backend", default="offline", choices=["offline", "real"], help="offline shim or the real benchmark")
-    a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"], help="base algorithm (verl's adv_estimator)")
-    a("--method", default="rspo", choices=["rspo", "outcome", "dense"],
-      help="which method trains A: rspo: the reward-swap cycle; outcome/dense: A alone on that reward")
-    # RSPO
-    a("--k", type=int, default=3, help="updates of B, then of A, per RSPO cycle")
-    a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m); "
-      "on average over updates when alpha x --num-groups is fractional")
-    a("--buffer-sampling", default="reward", choices=["reward", "variance", "random"],
-      help="which buffer groups A replays first")
-    a("--buffer-source", default="explorer", choices=["explorer", "self"],
-      help="explorer: B's swapped trajectories (RSPO); self: A's own previous rollouts (RSPO_H ablation)")
-    a("--explorer-reward", default="dense", choices=["dense", "outcome"],
-      help="reward B is trained on (outcome = RSPO_O ablation)")
-    a("--explorer-lr", type=float, default=None,
-      help="Adam learning rate of B's k updates (default: --lr); larger moves B further from A each cycle")
-    # batch and budget
-    a("--updates", type=int, default=40, help="budget: number of A's updates")
-    a("--num-groups", type=int, default=8, help="groups (tasks) per batch (paper: 16)")
-    a("--group-size", type=int, default=8, help="episodes per group (TRL's num_generations)")
-    a("--max-steps", type=int, default=30,
-      help="cap on steps per episode; the env's own limit wins when smaller (ALFWorld 50, WebShop 15)")
-    a("--history", type=int, default=2, help="past (observation, action) pairs in the prompt")
-    # model and decoding
-    a("--model", default="tiny", help="'tiny' (built offline) or a Hugging Face causal LM id / local path")
-    a("--action-mode", default="auto", choices=["auto", "constrained", "generate"],
-      help="constrained: decode only admissible actions (default for tiny); generate: <think>/<action> text")
-    a("--max-new-tokens", type=int, default=256, help="generation budget per step in generate mode")
-    a("--temperature", type=float, default=1.0, help="sampling temperature for training rollouts")
-    a("--eval-temperature", type=float, default=0.4, help="sampling temperature for evaluation")
-    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="auto: float32 weights and Adam state with bf16 autocast on CUDA (mixed precision), float32 "
-           "elsewhere; bfloat16/float16: the weights themselves (half the memory, but Adam steps below "
-           "their resolution, e.g. lr 1e-6 on weights ~0.02, are rounded away)")
-    a("--device", default="auto", help="auto (cuda -> mps -> cpu), cpu, cuda, mps, cuda:1 ...")
-    a("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-      help="trade compute for memory on large models")
-    a("--explorer-offload", action=argparse.BooleanOptionalAction, default=False,
-      help="keep A (weights and Adam state) in CPU memory while the explorer B trains, so one copy is on the GPU")
-    # optimisation
-    a("--lr", type=float, default=None, help="Adam learning rate (default 1e-4 for tiny, 1e-6 otherwise)")
-    # warm start by imitation (SFT before RL), shared by every method
-    a("--warm-start", type=int, default=None,
-      help="before RL, imitate this many episodes of the searching demonstrator (offline envs; 0: start from "
-           "scratch; default 1000 for the tiny model built here, 0 for a given --model)")
-    a("--warm-start-epochs", type=int, default=3, help="passes over the demonstrations")
-    a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
-    a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
-    a("--minibatch-size", type=int, default=128, help="step samples per optimizer step")
-    a("--micro-batch-size", type=int, default=64, help="samples per forward pass (gradient accumulation)")
-    a("--generation-batch-size", type=int, default=128,
-      help="prompts per generate call (bounds the KV cache; large batches keep a GPU busy)")
-    a("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon")
-    a("--clip-ratio-c", type=float, default=3.0,
-      help="dual-clip bound for negative advantages (verl's clip_ratio_c): the ratio to pi_old counts at most c")
-    a("--beta", type=float, default=0.0, help="KL coefficient to a frozen reference (k3 / low_var_kl)")
-    a("--ent-coef", type=float, default=0.0, help="entropy bonus coefficient")
-    a("--max-grad-norm", type=float, default=1.0, help="gradient-norm clip")
-    a("--norm-adv", action=argparse.BooleanOptionalAction, default=True,
-      help="divide by the group std: GRPO's (TRL's scale_rewards), GiGPO's at both levels (verl-agent's mean_std_norm)")
-    a("--gamma", type=float, default=0.95, help="discount (GiGPO step returns, PPO GAE)")
-    a("--lam", type=float, default=0.95, help="PPO GAE lambda")
-    a("--omega", type=float, default=1.0, help="GiGPO weight of the step-level advantage")
-    a("--vf-coef", type=float, default=0.5, help="PPO value-loss coefficient")
-    a("--vf-clip", type=float, default=0.5, help="PPO value clip range (verl's cliprange_value)")
-    a("--reward-scale", type=float, default=10.0, help="success reward (and dense-reward scale)")
-    a("--invalid-penalty", type=float, default=0.1, help="penalty for an unparseable response")
-    # dense rewards: the env's, or a learned progress estimator (SPA-RL), optionally with noise
-    a("--dense-reward", default="env", choices=["env", "progress", "learned"],
-      help="env: info['dense_reward'] (event-style, re-earnable); progress: the env's aligned progress increments "
-           "(state-based, the best a learned estimator could do); learned: a progress estimator tanh(MLP(h)) "
-           "fitted so sum_t r_t = won")
-    a("--dense-noise", type=float, default=0.0, help="std of seeded Gaussian noise added to every dense reward")
-    a("--prm-model", default="policy",
-      help="estimator backbone: 'policy' (a copy of the starting policy's, after the warm start: SPA-RL initialises "
-           "its estimator from the policy), 'tiny' (own seeded weights) or an HF id / path")
-    a("--prm-freeze", action=argparse.BooleanOptionalAction, default=False,
-      help="freeze the estimator's backbone and train only the MLP head (features computed once)")
-    a("--prm-warmup-episodes", type=int, default=256,
-      help="estimator data: episodes of the starting policy (mixed outcomes, as SPA-RL's)")
-    a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
-    a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
-    a("--prm-epochs", type=int, default=None, help="passes over the estimator's data before RL starts (default: "
-      "10 on ALFWorld, 5 on WebShop, where each env's held-out fit is best; docs/dense-rewards.md)")
-    a("--prm-refresh", type=int, default=0,
-      help="every N updates of A, add A's rollouts to the estimator's data and refit (0: never)")
-    a("--prm-refresh-epochs", type=int, default=3, help="passes over the accumulated data per refresh")
-    a("--prm-lr", type=float, default=None, help="estimator Adam lr (default 1e-3 for tiny, 1e-5 otherwise)")
-    a("--prm-batch-size", type=int, default=16, help="trajectories per estimator optimizer step")
-    a("--prm-heldout", type=float, default=0.2, help="share of the estimator's episodes held out to report its fit")
-    a("--prm-path", default=None,
-      help="file of a fitted estimator: loaded if it exists (same settings required), else fitted and saved there, "
-           "so runs that share env, seed and --prm-* settings share one estimator, as the paper's fixed PRM")
-    # evaluation, logging
-    a("--eval-every", type=int, default=10, help="evaluate every N updates of A (0: start and end only)")
-    a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
-    a("--eval-split", default=None,
-      help="held-out split(s), comma-separated, e.g. valid_seen,valid_unseen (default: valid_seen / test)")
-    a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
-    a("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model; OpenMP threads contend on busy cores)")
-    a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
-    a("--overwrite", action="store_true", help="replace the run already in --output-dir")
-    a("--resume", action="store_true",
-      help="continue the run in --output-dir from its latest checkpoint (or start it if the directory holds no run)")
-    a("--save-every", type=int, default=0,
-      help="checkpoint every N updates of A into <output-dir>/checkpoint/ (0: never); checkpoints never change results")
-    a("--save-model", action=argparse.BooleanOptionalAction, default=True, help="save_pretrained at the end")
-    a("--progress", action=argparse.BooleanOptionalAction, default=None, help="tqdm bar (default: if a tty)")
-    return p
-
-
-class ConfigError(ValueError):
-    """Bad user input: reported as one line and exit code 2, never a traceback."""
-
-
-def validate(cfg):
-    """Check the settings (bad input: ConfigError) and fill in every derived one: the prompt and action mode, the
-    learning rates, the warm start, the output directory, the held-out split, the env's episode cap and its number
-    of train tasks (probe_env). The one place cfg is changed; returns it."""
-    checks = [
-        (cfg.group_size >= 1, "--group-size must be >= 1"),
-        (cfg.num_groups >= 1, "--num-groups must be >= 1"),
-        (cfg.updates >= 1, "--updates must be >= 1"),
-        (cfg.k >= 1, "--k must be >= 1"),
-        (0.0 <= cfg.alpha < 1.0, "--alpha must be in [0, 1)"),
-        (cfg.epochs >= 1, "--epochs must be >= 1"),
-        (cfg.minibatch_size >= 1, "--minibatch-size must be >= 1"),
-        (cfg.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
-        (cfg.generation_batch_size >= 1, "--generation-batch-size must be >= 1"),
-        (cfg.temperature > 0 and cfg.eval_temperature >= 0, "temperatures must be positive"),
-        (cfg.clip_eps > 0, "--clip-eps must be > 0"),
-        (cfg.clip_ratio_c > 1, "--clip-ratio-c must be > 1"),
-        (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
-        (cfg.threads >= 0, "--threads must be >= 0 (0: torch's default)"),
-        (cfg.lr is None or cfg.lr > 0, "--lr must be > 0"),
-        (cfg.explorer_lr is None or cfg.explorer_lr > 0, "--explorer-lr must be > 0"),
-        ((cfg.warm_start or 0) >= 0 and cfg.warm_start_epochs >= 1 and cfg.warm_start_lr > 0,
-         "--warm-start must be >= 0, --warm-start-epochs >= 1 and --warm-start-lr > 0"),
-        (not cfg.warm_start or cfg.backend == "offline",
-         "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
-        (cfg.prm_lr is None or cfg.prm_lr > 0, "--prm-lr must be > 0"),
-        (cfg.max_grad_norm > 0, "--max-grad-norm must be > 0"),
-        (cfg.beta >= 0, "--beta must be >= 0"),
-        (cfg.ent_coef >= 0 and cfg.vf_coef >= 0 and cfg.vf_clip > 0,
-         "--ent-coef and --vf-coef must be >= 0 and --vf-clip > 0"),
-        (cfg.eval_every >= 0, "--eval-every must be >= 0"),
-        (cfg.reward_scale > 0, "--reward-scale must be > 0"),
-        (cfg.invalid_penalty >= 0, "--invalid-penalty must be >= 0"),
-        (cfg.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-        (cfg.save_every >= 0, "--save-every must be >= 0"),
-        (not (cfg.overwrite and cfg.resume), "--overwrite and --resume exclude each other"),
-        (cfg.max_steps >= 1, "--max-steps must be >= 1"),
-        (cfg.history >= 0, "--history must be >= 0"),
-        (cfg.eval_episodes >= 1, "--eval-episodes must be >= 1"),
-        (0.0 <= cfg.gamma <= 1.0 and 0.0 <= cfg.lam <= 1.0, "--gamma and --lam must be in [0, 1]"),
-        (cfg.dense_noise >= 0, "--dense-noise must be >= 0"),
-        (min(cfg.prm_warmup_episodes, cfg.prm_expert_episodes, cfg.prm_epochs or 0, cfg.prm_refresh,
-             cfg.prm_refresh_epochs) >= 0 and cfg.prm_batch_size >= 1, "--prm-* counts must be >= 0"),
-        (0.0 <= cfg.prm_expert_noise <= 1.0 and 0.0 <= cfg.prm_heldout < 1.0,
-         "--prm-expert-noise must be in [0, 1] and --prm-heldout in [0, 1)"),
-        (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
-         "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
-        (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
-        (not cfg.prm_path or not cfg.prm_refresh,
-         "--prm-path keeps the fitted estimator, not its data: it cannot be combined with --prm-refresh"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    try:
-        cfg.env_options = json.loads(cfg.env_options) if isinstance(cfg.env_options, str) else cfg.env_options
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--env-options is not valid JSON: {e}") from None
-    if not isinstance(cfg.env_options, dict):
-        raise ConfigError("--env-options must be a JSON object")
-    # A tiny model (built here, or saved by this script and passed back as --model DIR) reads the compact
-    # prompt and decodes constrained by default; a pretrained chat model reads verl-agent's full prompt.
-    saved = saved_settings(cfg.model) if cfg.model != "tiny" else {}
-    cfg.prompt = "compact" if cfg.model == "tiny" else saved.get("prompt", "full")
-    if cfg.action_mode == "auto":
-        cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
-    if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
-        cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
-    cfg.explorer_lr = cfg.explorer_lr or cfg.lr
-    if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
-        cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
-    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.method}_{cfg.algo}_s{cfg.seed}")
-    if cfg.prm_lr is None:
-        cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
-    cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
-    if cfg.prm_epochs is None:   # WebShop's 205 trajectories overfit by 10 passes (and 5 fit in < 2 CPU minutes)
-        cfg.prm_epochs = {"alfworld": 10, "webshop": 5}[cfg.env]
-    cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
-    cfg.env_options["max_steps"], cfg.train_tasks = probe_env(cfg)
-    if cfg.method == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
-        raise ConfigError("--alpha leaves no on-policy group")
-    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,30 +164,19 @@ def value_loss(values, old_values, returns, clip):
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
-def replay_diagnostics(behav_logp, old_logp):
-    """How far replayed tokens' behaviour policy (the explorer B) is from A = pi_old, on tokens sampled from
-    pi_behav: KL(pi_behav || pi_old) per token (kl_k3, unbiased for samples from pi_behav), and the spread of
-    shifted_clip_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
-    centre = torch.exp(old_logp - behav_logp).float()
-    p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
-    return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
-            "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
+def imitation_loss(logp, mask):
+    """Behaviour cloning (SFT): the token-mean negative log-likelihood of the demonstrator's responses,
+    -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum_{i,t} m_it."""
+    return -(logp * mask).sum() / mask.sum()
 
 
-def novel_win_share(replayed, own_wins):
-    """Share of the replayed successful episodes on task types A's own rollouts have never won (own_wins:
-    counts "train/wins/<type>"): where the explorer leads A. None when nothing replayed was won."""
-    won = [t for t in replayed if t.won]
-    return float(np.mean([own_wins.get(f"train/wins/{t.task_type}", 0) == 0 for t in won])) if won else None
-
-
-def replay_groups(alpha, num_groups, update):
-    """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
-    PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
-    alpha N is whole, and alpha N on average when it is not (alpha = 1/16 with N = 8: one group every other
-    update, from the first), so a small alpha needs no bigger batch. Exact fractions: no float rounding."""
-    share = Fraction(alpha).limit_denominator(10 ** 6) * num_groups
-    return math.ceil(share * update) - math.ceil(share * (update - 1))
+def prm_loss(step_scores, traj_ids, outcomes):
+    """SPA-RL's progress-estimator objective (PAPER, "Where the dense rewards come from"):
+    mean over trajectories of (sum_t r_hat_t - R)^2. traj_ids[i] in [0, len(outcomes)) names the
+    trajectory of step i; R is the outcome on the estimator's scale, won in {0, 1} (see fit_estimator)."""
+    sums = torch.zeros(len(outcomes), dtype=step_scores.dtype, device=step_scores.device)
+    sums = sums.index_add(0, traj_ids.to(step_scores.device), step_scores)
+    return ((sums - outcomes.to(sums)) ** 2).mean()
 
 
 def outcome_rewards(num_steps, won, invalid, scale=10.0, penalty=0.1):
@@ -421,22 +193,8 @@ def dense_rewards(dense, invalid, scale=10.0, penalty=0.1):
     return torch.tensor([scale * d - penalty * float(b) for d, b in zip(dense, invalid)])
 
 
-def buffer_order(outcomes, mode, generator=None):
-    """Order in which A replays buffer groups (PAPER: reward-based > variance-based > random).
-
-    outcomes: [num_groups, group_size] outcome scores. reward: highest group mean first; variance:
-    highest group std first (the groups with a GRPO signal); random: a random order. Ties are broken
-    at random. A's j-th update of the cycle takes the next m groups of this order."""
-    n = outcomes.shape[0]
-    perm = torch.randperm(n, generator=generator)
-    if mode == "random":
-        return perm
-    priority = outcomes.float().mean(1) if mode == "reward" else outcomes.float().std(1, unbiased=False)
-    return perm[torch.argsort(-priority[perm], stable=True)]
-
-
 # ----------------------------------------------------------------------------------------------
-# Trajectories and the reward swap
+# Trajectories, the reward swap and the replay buffer (PAPER steps 3-4)
 
 
 @dataclass
@@ -463,8 +221,11 @@ class Trajectory:
     rewards: torch.Tensor = None   # the per-step reward vector the learner will see
 
 
-def attach_rewards(trajs, kind, cfg):
-    """Give every trajectory its training reward vector: 'outcome' or 'dense'."""
+def attach_rewards(trajs, kind, cfg, dense=None):
+    """Give every trajectory its training reward vector: 'outcome' or 'dense' (relabelled first by the DenseSource
+    `dense` when given: relabel_dense)."""
+    if kind == "dense" and dense is not None:
+        relabel_dense(trajs, dense, cfg.dense_noise, cfg)
     for t in trajs:
         inv = [s.invalid for s in t.steps]
         t.rewards = (outcome_rewards(len(t.steps), t.won, inv, cfg.reward_scale, cfg.invalid_penalty)
@@ -478,6 +239,424 @@ def reward_swap(trajs, scale=10.0, penalty=0.1):
     the task's outcome reward (zeros except the final step), keeping the explorer's log-probs."""
     return [replace(t, rewards=outcome_rewards(len(t.steps), t.won, [s.invalid for s in t.steps], scale, penalty))
             for t in trajs]
+
+
+def groups_of(trajs):
+    """{group id: [trajectories]} in group order."""
+    out = {}
+    for t in trajs:
+        out.setdefault(t.group, []).append(t)
+    return out
+
+
+def buffer_order(outcomes, mode, generator=None):
+    """Order in which A replays buffer groups (PAPER: reward-based > variance-based > random).
+
+    outcomes: [num_groups, group_size] outcome scores. reward: highest group mean first; variance:
+    highest group std first (the groups with a GRPO signal); random: a random order. Ties are broken
+    at random. A's j-th update of the cycle takes the next m groups of this order."""
+    n = outcomes.shape[0]
+    perm = torch.randperm(n, generator=generator)
+    if mode == "random":
+        return perm
+    priority = outcomes.float().mean(1) if mode == "reward" else outcomes.float().std(1, unbiased=False)
+    return perm[torch.argsort(-priority[perm], stable=True)]
+
+
+def replay_groups(alpha, num_groups, update):
+    """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
+    PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
+    alpha N is whole, and alpha N on average when it is not (alpha = 1/16 with N = 8: one group every other
+    update, from the first), so a small alpha needs no bigger batch. Exact fractions: no float rounding."""
+    share = Fraction(alpha).limit_denominator(10 ** 6) * num_groups
+    return math.ceil(share * update) - math.ceil(share * (update - 1))
+
+
+@dataclass
+class ReplayBuffer:
+    """PAPER step 4: one cycle's swapped groups in replay order, and a cursor. Refilled every cycle; A's
+    update u takes the next m_u groups (replay_groups), wrapping around when the cycle needs more than it holds."""
+    groups: list = field(default_factory=list)   # lists of trajectories, highest priority first
+    cursor: int = 0                              # groups handed out this cycle
+
+    def refill(self, trajs, mode, generator):
+        """A new cycle: the trajectories' groups ordered by --buffer-sampling (buffer_order), the cursor at 0."""
+        groups = list(groups_of(trajs).values())
+        if groups:
+            outcomes = _pad([torch.stack([t.rewards.sum() for t in g]) for g in groups])
+            groups = [groups[i] for i in buffer_order(outcomes, mode, generator).tolist()]
+        self.groups, self.cursor = groups, 0
+
+    def take(self, m, first_id):
+        """The next m groups, renumbered first_id, first_id + 1, ... so they never share an id with A's own
+        groups (GRPO/GiGPO normalise within a group)."""
+        out = [[replace(t, group=first_id + j) for t in self.groups[(self.cursor + j) % len(self.groups)]]
+               for j in range(m)]
+        self.cursor += m
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollout: groups of episodes, batched across environments (one decoding pass per env step)
+
+
+def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group_size=None):
+    """Play group_size copies of each task seed (same task, same initial state) until every episode ends,
+    sampling at `temperature` (default --temperature, the one the update's log-probs use).
+    Returns one Trajectory per episode; group g holds the copies of seeds[g].
+    act(prompts, admissibles, environments) -> [(response_ids, action, invalid)] is the action source:
+    the policy's sampler by default, or another agent (expert_actor) whose steps look like the policy's."""
+    temperature = cfg.temperature if temperature is None else temperature
+    gs = group_size or (cfg.group_size if split == "train" else 1)
+    act = act or (lambda prompts, adm, _: policy.act(prompts, adm, temperature))
+    games = [(g, int(s)) for g, s in enumerate(seeds) for _ in range(gs)]
+    environments = [envs.make_env(cfg.env, split=split, seed=s, backend=cfg.backend, **cfg.env_options)
+                    for _, s in games]
+    live = []
+    for env in environments:
+        obs, info = env.reset()
+        live.append({"obs": obs, "info": info, "history": [], "steps": [], "done": False})
+    while True:
+        active = [i for i, st in enumerate(live) if not st["done"]]
+        if not active:
+            break
+        prompts, admissible = [], []
+        for i in active:
+            st = live[i]
+            hist = st["history"][-cfg.history:] if cfg.history else []
+            # verl-agent leaves ALFWorld's "help" out of the actions offered to the agent.
+            admissible.append([a for a in st["info"]["admissible_actions"] if a != "help"])
+            prompts.append(policy.encode_prompt(build_prompt(st["info"]["task"], hist, st["obs"], admissible[-1],
+                                                             len(st["history"]), policy.compact, cfg.env)))
+        actions = act(prompts, admissible, [environments[i] for i in active])
+        for i, prompt, adm, (resp, action, invalid) in zip(active, prompts, admissible, actions):
+            st = live[i]
+            obs, _, done, info = environments[i].step(action)
+            gain = float(info.get("progress", 0.0)) - float(st["info"].get("progress", 0.0))
+            st["steps"].append(Step(prompt, resp, adm if policy.constrained else None, st["obs"], action,
+                                    float(info.get("dense_reward", 0.0)), invalid, progress_gain=gain))
+            st["history"].append((st["obs"], action))
+            st.update(obs=obs, info=info, done=done)
+    return [Trajectory(st["steps"], g, s, st["info"]["task_type"], bool(st["info"]["won"]),
+                       float(st["info"]["score"])) for st, (g, s) in zip(live, games)]
+
+
+EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples the panel alike
+
+
+def evaluate(policy, cfg):
+    """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
+    for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
+    stream so evaluating never changes training."""
+    out = {}
+    for i, split in enumerate(cfg.eval_split.split(",")):
+        prefix = "eval" if i == 0 else f"eval_{split}"
+        n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
+        with own_rng(cfg.seed + EVAL_SEED_OFFSET, policy.device):
+            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature)
+        out[f"{prefix}/success"] = float(np.mean([t.won for t in trajs]))
+        out[f"{prefix}/score"] = float(np.mean([t.score for t in trajs]))
+        for kind in sorted({t.task_type for t in trajs}):
+            out[f"{prefix}/success/{kind}"] = float(np.mean([t.won for t in trajs if t.task_type == kind]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Update: one step of the base algorithm on a batch of on-policy and buffer trajectories
+
+
+def _pad(rows):
+    return nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+def advantages_for(trajs, cfg, values):
+    """Per-step advantages of the base algorithm from each trajectory's reward vector; PPO's returns."""
+    rewards = torch.cat([t.rewards for t in trajs]).float()
+    traj_ids = torch.tensor([i for i, t in enumerate(trajs) for _ in t.steps])
+    group_ids = torch.tensor([t.group for t in trajs for _ in t.steps])
+    if cfg.algo == "grpo":
+        scores = torch.stack([t.rewards.sum() for t in trajs])
+        adv = grpo_advantages(scores, torch.tensor([t.group for t in trajs]), cfg.norm_adv)[traj_ids]
+        return adv, None
+    if cfg.algo == "gigpo":
+        anchors = [s.obs for t in trajs for s in t.steps]
+        return gigpo_advantages(rewards, traj_ids, group_ids, anchors, cfg.gamma, cfg.omega,
+                                cfg.norm_adv), None
+    adv, returns = gae_advantages(rewards, values, traj_ids, cfg.gamma, cfg.lam)
+    return (adv - adv.mean()) / (adv.std() + 1e-8), returns  # batch whitening, as in CleanRL/verl
+
+
+def minibatches(n, size, epochs, generator):
+    """`epochs` shuffled passes over n samples, in minibatches of `size` indices."""
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n, size):
+            yield perm[start:start + size]
+
+
+def optimizer_step(policy, optimizer, cfg):
+    """Clip the gradient norm to --max-grad-norm and step; no gradients are held afterwards (B's phase needs
+    the room). Returns the norm before clipping."""
+    norm = float(nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def length_sorted_chunks(indices, lengths, size):
+    """Split indices into passes of `size` samples of similar length (lengths[i]), so little is padding.
+    The loss is a token-weighted sum over chunks, so the grouping does not change the gradient."""
+    ordered = sorted(indices, key=lambda i: lengths[i])
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+def sequence_lengths(steps):
+    return [len(s.prompt_ids) + len(s.response_ids) for s in steps]
+
+
+@torch.no_grad()
+def score_steps(policy, steps, cfg):
+    """log pi(response | prompt) per token and V(s) for many steps, without gradients."""
+    policy.agent.eval()
+    logps, values = [None] * len(steps), torch.zeros(len(steps))
+    for idx in length_sorted_chunks(range(len(steps)), sequence_lengths(steps), cfg.micro_batch_size):
+        logp, mask, _, v = policy.forward([steps[i] for i in idx], cfg.temperature)
+        for i, row, m in zip(idx, logp.cpu(), mask.cpu()):
+            logps[i] = row[:int(m.sum())]
+        values[idx] = v.float().cpu()
+    return logps, values
+
+
+def update(policy, optimizer, trajs, cfg, generator, ref=None):
+    """One update (the unit of the budget): old log-probs and advantages, then `epochs` passes of
+    minibatch SGD on the clipped surrogate (+ KL, entropy, value terms). Fills behav_logp of on-policy
+    steps with pi_old, the policy they were sampled from, so they can be replayed later (RSPO_H)."""
+    steps = [s for t in trajs for s in t.steps]
+    old_logp, old_values = score_steps(policy, steps, cfg)
+    ref_logp = score_steps(ref, steps, cfg)[0] if ref is not None else None
+    replayed = [i for i, s in enumerate(steps) if s.behav_logp is not None]   # buffer samples
+    diagnostics = replay_diagnostics(torch.cat([steps[i].behav_logp for i in replayed]),
+                                     torch.cat([old_logp[i] for i in replayed])) if replayed else {}
+    for s, lp in zip(steps, old_logp):
+        if s.behav_logp is None:
+            s.behav_logp = lp
+    adv, returns = advantages_for(trajs, cfg, old_values)
+    lengths = sequence_lengths(steps)
+    policy.agent.train()
+    stats, n_mb = {}, 0
+    coef = {"losses/policy_loss": 1.0, "losses/entropy": -cfg.ent_coef, "losses/kl": cfg.beta,
+            "losses/value_loss": cfg.vf_coef}
+    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.epochs, generator):
+        tokens = sum(len(steps[i].response_ids) for i in mb)
+        acc = {}
+        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+            logp, mask, ent, values = policy.forward([steps[i] for i in idx], cfg.temperature,
+                                                     with_entropy=True)
+            dev = logp.device
+            old = _pad([old_logp[i] for i in idx]).to(dev)
+            behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
+            a = adv[idx].to(dev).unsqueeze(1)
+            pg, clipfrac = shifted_clip_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
+            terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
+                     "losses/entropy": masked_mean(ent, mask),
+                     "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}
+            if ref_logp is not None:
+                terms["losses/kl"] = masked_mean(kl_k3(logp, _pad([ref_logp[i] for i in idx]).to(dev)), mask)
+            if returns is not None:
+                terms["losses/value_loss"] = value_loss(values, old_values[idx].to(dev),
+                                                        returns[idx].to(dev), cfg.vf_clip)
+            # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
+            # value loss (a mean over states), so neither depends on how the minibatch is chunked.
+            token_share, sample_share = mask.sum().item() / tokens, len(idx) / len(mb)
+            share = {k: sample_share if k == "losses/value_loss" else token_share for k in terms}
+            sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
+            for k, v in terms.items():
+                acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
+        acc["losses/grad_norm"] = optimizer_step(policy, optimizer, cfg)
+        for k, v in acc.items():
+            stats[k] = stats.get(k, 0.0) + v
+        n_mb += 1
+    return {**{k: v / n_mb for k, v in stats.items()}, **diagnostics}
+
+
+# ----------------------------------------------------------------------------------------------
+# The RSPO cycle (PAPER Algorithm 1)
+
+
+def explore(policy, cfg, rng, generator, ref, dense, seen):
+    """PAPER steps 1-3: B <- copy(A); k updates of B on the explorer reward; B's fresh rollouts, with
+    B's log-probs, swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
+    observations B met to the set `seen` (its distinct states).
+    B and its Adam state exist only inside this call (train then returns their memory to the device)."""
+    explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
+    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)  # fresh each cycle (inferred)
+    env_steps, stats = 0, {}
+    for _ in range(cfg.k):
+        trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
+        attach_rewards(trajs, cfg.explorer_reward, cfg, dense)
+        update(explorer, optimizer, trajs, cfg, generator, ref)
+        env_steps += sum(len(t.steps) for t in trajs)
+        stats = rollout_stats(trajs, "explorer")
+        seen.update(s.obs for t in trajs for s in t.steps)
+    trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
+    env_steps += sum(len(t.steps) for t in trajs)
+    seen.update(s.obs for t in trajs for s in t.steps)
+    stats["explorer/distinct_states"] = len(seen)
+    steps = [s for t in trajs for s in t.steps]
+    for s, lp in zip(steps, score_steps(explorer, steps, cfg)[0]):
+        s.behav_logp = lp
+    return reward_swap(trajs, cfg.reward_scale, cfg.invalid_penalty), stats, env_steps
+
+
+@dataclass
+class TrainState:
+    """What A's training loop carries from one update to the next besides the weights and Adam's state. A
+    checkpoint holds all of it, so a resumed run continues exactly as the uninterrupted one."""
+    rng: np.random.Generator     # which tasks are played (and the estimator's data splits)
+    generator: torch.Generator   # minibatch order and buffer ties
+    totals: dict                 # updates, env steps and seconds of A, B and the estimator
+    buffer: ReplayBuffer = field(default_factory=ReplayBuffer)
+    previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
+    last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
+    pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
+    seen_states: set = field(default_factory=set)      # A's distinct observations
+    explorer_states: set = field(default_factory=set)  # B's
+    wins: dict = field(default_factory=dict)
+
+
+def start_run(cfg, policy, dense, optimizer, log, checkpoint):
+    """Before A's first update: the warm start, the KL reference (the starting policy, frozen), the estimator's
+    fit and the evaluation of line 0 -- or a checkpoint's state. A resumed run redoes the (deterministic) warm
+    start only when the reference needs it; the reference is copied before a checkpoint's weights are loaded.
+    Returns (TrainState, reference policy or None, the last record logged)."""
+    warm = warm_start(policy, cfg) if cfg.warm_start and (checkpoint is None or cfg.beta > 0) else None
+    ref = None
+    if cfg.beta > 0:
+        ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
+    if checkpoint is not None:
+        state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
+        return state, ref, record
+    state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
+                       {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
+                        "time/A_seconds": 0.0, "time/B_seconds": 0.0})
+    if warm is not None:
+        state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
+    prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
+    if dense.estimator is not None:
+        state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
+    record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
+    log(record)
+    return state, ref, record
+
+
+def refill_buffer(cfg, policy, optimizer, state, ref, dense):
+    """The start of a cycle: the explorer phase (explore: B trained on dense rewards, its fresh batch swapped to
+    outcome rewards) -- or, for RSPO_H, A's own rollouts of the previous cycle -- ordered into the buffer."""
+    if cfg.buffer_source == "explorer":
+        with offloaded(policy, optimizer, cfg.explorer_offload):
+            trajs, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense,
+                                                          state.explorer_states)
+        release_memory(policy.device)
+        state.totals["env_steps/B"] += b_steps
+        state.totals["updates/B"] += cfg.k
+    else:   # RSPO_H: with A's log-probs at the time
+        trajs, state.last_explorer = state.previous_own, {}
+    state.buffer.refill(trajs, cfg.buffer_sampling, state.generator)
+    state.previous_own = []
+
+
+def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
+    """PAPER Algorithm 1, A's loop: with --method rspo every k updates start a cycle (refill_buffer: explore ->
+    reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the buffer's next
+    m_u groups (replay_groups). --method outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
+    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
+    state, ref, record = start_run(cfg, policy, dense, optimizer, log, checkpoint)
+    done = state.totals["updates/A"]
+    bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates, disable=not cfg.progress,
+               desc=f"{cfg.method}+{cfg.algo}")
+    for u in bar:
+        t0 = time.time()
+        if cfg.method == "rspo" and (u - 1) % cfg.k == 0:
+            refill_buffer(cfg, policy, optimizer, state, ref, dense)
+            state.totals["time/B_seconds"] += time.time() - t0
+        t1 = time.time()
+        # An empty buffer (RSPO_H's first cycle) replays nothing and leaves A its whole on-policy batch.
+        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.method == "rspo" and state.buffer.groups else 0
+        trajs = rollout(policy, cfg, state.rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
+        attach_rewards(trajs, "dense" if cfg.method == "dense" else "outcome", cfg, dense)
+        replay = state.buffer.take(m, first_id=cfg.num_groups - m)
+        stats = batch_stats(cfg, state, trajs, replay)
+        stats.update(update(policy, optimizer, trajs + [t for g in replay for t in g], cfg, state.generator, ref))
+        if cfg.method == "rspo" and cfg.buffer_source == "self":
+            state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
+        if dense.estimator is not None and cfg.prm_refresh:
+            stats.update(refresh_if_due(dense, trajs, cfg, state, u))
+        state.totals.update({"env_steps/A": state.totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
+                             "updates/A": u, "time/A_seconds": state.totals["time/A_seconds"] + time.time() - t1})
+        record = {"update": u, **stats, **state.totals}
+        if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
+            record.update(evaluate(policy, cfg))
+        log(record)
+        if cfg.save_every and (u % cfg.save_every == 0 or u == cfg.updates):
+            save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record)
+        bar.set_postfix(success=f"{stats['train/success']:.2f}", ev=record.get("eval/success", ""))
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
+# What each update logs besides the losses
+
+
+def rollout_stats(trajs, prefix):
+    """Success (overall and per task type present), returns and length of a batch of rollouts, for logging."""
+    types = sorted({t.task_type for t in trajs})
+    return {f"{prefix}/success": float(np.mean([t.won for t in trajs])),
+            f"{prefix}/score": float(np.mean([t.score for t in trajs])),
+            f"{prefix}/dense_return": float(np.mean([sum(s.dense for s in t.steps) for t in trajs])),
+            f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs])),
+            **{f"{prefix}/success/{k}": float(np.mean([t.won for t in trajs if t.task_type == k])) for k in types}}
+
+
+def replay_diagnostics(behav_logp, old_logp):
+    """How far replayed tokens' behaviour policy (the explorer B) is from A = pi_old, on tokens sampled from
+    pi_behav: KL(pi_behav || pi_old) per token (kl_k3, unbiased for samples from pi_behav), and the spread of
+    shifted_clip_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
+    centre = torch.exp(old_logp - behav_logp).float()
+    p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
+    return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
+            "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
+
+
+def novel_win_share(replayed, own_wins):
+    """Share of the replayed successful episodes on task types A's own rollouts have never won (own_wins:
+    counts "train/wins/<type>"): where the explorer leads A. None when nothing replayed was won."""
+    won = [t for t in replayed if t.won]
+    return float(np.mean([own_wins.get(f"train/wins/{t.task_type}", 0) == 0 for t in won])) if won else None
+
+
+def count_wins(counts, trajs, prefix):
+    """Running totals of successful episodes per task type, counts["{prefix}/wins/{type}"] (0 for a type
+    played but never won): which kinds of task A's own rollouts and the replayed groups bring successes on."""
+    for t in trajs:
+        key = f"{prefix}/wins/{t.task_type}"
+        counts[key] = counts.get(key, 0) + int(t.won)
+
+
+def batch_stats(cfg, state, trajs, replay):
+    """Logged with each update: A's rollouts, the replayed groups, the running counts of wins and states."""
+    replayed = [t for g in replay for t in g]
+    stats = {**rollout_stats(trajs, "train"), **state.last_explorer,
+             "train/outcome_return": float(np.mean([cfg.reward_scale * t.won for t in trajs]))}
+    if replay:
+        stats.update({"buffer/success": float(np.mean([t.won for t in replayed])),
+                      "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in replay]))})
+    novel = novel_win_share(replayed, state.wins)
+    if novel is not None:
+        stats["buffer/novel_type_wins"] = novel
+    state.seen_states.update(s.obs for t in trajs for s in t.steps)
+    count_wins(state.wins, trajs, "train")
+    count_wins(state.wins, replayed, "buffer")
+    return {**stats, "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items()))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -867,16 +1046,55 @@ class Policy:
 
 
 # ----------------------------------------------------------------------------------------------
+# Warm start: imitation of a demonstrator that sees what the agent sees, before RL (SPA-RL's SFT stage)
+
+
+def expert_actor(policy, noise, rng, searching=False):
+    """The environments' scripted expert as an action source for rollout: env.expert_action() (or, with
+    `searching`, env.searching_action(): the expert without its privilege, acting only on what the agent has
+    seen), or with probability `noise` a uniformly random admissible action (so some episodes fail). Its
+    response ids are what the policy would have produced for that action: the action's tokens + EOS
+    (constrained mode) or the <think>/<action> format (generate mode)."""
+    def act(prompts, admissibles, environments):
+        out = []
+        for adm, env in zip(admissibles, environments):
+            if adm and rng is not None and rng.random() < noise:
+                action = adm[int(rng.integers(len(adm)))]
+            else:
+                action = env.searching_action() if searching else env.expert_action()
+            text = action if policy.constrained else f"<think></think><action>{action}</action>"
+            out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False))
+        return out
+    return act
+
+
+def warm_start(policy, cfg):
+    """--warm-start episodes of the searching demonstrator on train tasks 0..N-1, each step rendered as the
+    policy's own, then --warm-start-epochs passes of Adam on imitation_loss in minibatches of --minibatch-size
+    steps. Its own RNG streams, so every method's RL starts from the same policy. Returns stats and cost."""
+    start = time.time()
+    trajs = rollout(policy, cfg, range(cfg.warm_start), act=expert_actor(policy, 0.0, None, searching=True),
+                    group_size=1)
+    steps = [s for t in trajs for s in t.steps]
+    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
+    generator, lengths, nll = torch.Generator().manual_seed(cfg.seed + 40_000), sequence_lengths(steps), []
+    policy.agent.train()
+    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.warm_start_epochs, generator):
+        tokens, loss = sum(len(steps[j].response_ids) for j in mb), 0.0
+        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+            logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
+            part = imitation_loss(logp, mask) * (mask.sum().item() / tokens)   # token-mean over the minibatch
+            part.backward()
+            loss += float(part.detach())
+        optimizer_step(policy, optimizer, cfg)
+        nll.append(loss)
+    per_epoch = -(-len(steps) // cfg.minibatch_size)
+    return {"warmstart/episodes": len(trajs), "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
+            "warmstart/nll": float(np.mean(nll[-per_epoch:]))}, len(steps), time.time() - start
+
+
+# ----------------------------------------------------------------------------------------------
 # Learned dense reward (progress estimator): SPA-RL's model, the paper's source of dense rewards
-
-
-def prm_loss(step_scores, traj_ids, outcomes):
-    """SPA-RL's progress-estimator objective (PAPER, "Where the dense rewards come from"):
-    mean over trajectories of (sum_t r_hat_t - R)^2. traj_ids[i] in [0, len(outcomes)) names the
-    trajectory of step i; R is the outcome on the estimator's scale, won in {0, 1} (see fit_estimator)."""
-    sums = torch.zeros(len(outcomes), dtype=step_scores.dtype, device=step_scores.device)
-    sums = sums.index_add(0, traj_ids.to(step_scores.device), step_scores)
-    return ((sums - outcomes.to(sums)) ** 2).mean()
 
 
 class ProgressEstimator(nn.Module):
@@ -932,25 +1150,6 @@ def estimate_progress(estimator, steps, cfg):
     return estimator(estimator_features(estimator, steps, cfg)).cpu() if steps else torch.zeros(0)
 
 
-def expert_actor(policy, noise, rng, searching=False):
-    """The environments' scripted expert as an action source for rollout: env.expert_action() (or, with
-    `searching`, env.searching_action(): the expert without its privilege, acting only on what the agent has
-    seen), or with probability `noise` a uniformly random admissible action (so some episodes fail). Its
-    response ids are what the policy would have produced for that action: the action's tokens + EOS
-    (constrained mode) or the <think>/<action> format (generate mode)."""
-    def act(prompts, admissibles, environments):
-        out = []
-        for adm, env in zip(admissibles, environments):
-            if adm and rng is not None and rng.random() < noise:
-                action = adm[int(rng.integers(len(adm)))]
-            else:
-                action = env.searching_action() if searching else env.expert_action()
-            text = action if policy.constrained else f"<think></think><action>{action}</action>"
-            out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False))
-        return out
-    return act
-
-
 @dataclass
 class DenseSource:
     """Where dense rewards come from: the env (info["dense_reward"] or the progress increments; estimator
@@ -978,13 +1177,6 @@ def relabel_dense(trajs, dense, sigma, cfg):
         for s, e in zip(steps, dense.noise_rng.normal(0.0, sigma, len(steps))):
             s.dense += float(e)
     return trajs
-
-
-def split_heldout(trajs, fraction, rng):
-    """(train, held-out): a seeded random `fraction` of the trajectories is held out."""
-    order = rng.permutation(len(trajs)).tolist()
-    cut = int(round(fraction * len(trajs)))
-    return [trajs[i] for i in order[cut:]], [trajs[i] for i in order[:cut]]
 
 
 @torch.no_grad()
@@ -1051,10 +1243,12 @@ def fit_estimator(dense, cfg, epochs, generator, desc="progress estimator"):
 
 
 def add_estimator_data(dense, source, trajs, cfg, rng):
-    """Split new trajectories into the estimator's train and held-out sets; count them by source."""
-    train, heldout = split_heldout(trajs, cfg.prm_heldout, rng)
-    dense.train += train
-    dense.heldout += heldout
+    """Add new trajectories to the estimator's data, a seeded random --prm-heldout share of them to the held-out
+    set; count them by source."""
+    order = rng.permutation(len(trajs)).tolist()
+    cut = int(round(cfg.prm_heldout * len(trajs)))
+    dense.train += [trajs[i] for i in order[cut:]]
+    dense.heldout += [trajs[i] for i in order[:cut]]
     prev = dense.sources.get(source, {"episodes": 0, "success": 0.0})
     n = prev["episodes"] + len(trajs)
     wins = prev["success"] * prev["episodes"] + sum(t.won for t in trajs)
@@ -1141,470 +1335,194 @@ def fit_dense_source(dense, policy, cfg):
     return stats, steps, seconds
 
 
-def refresh_estimator(dense, trajs, cfg, rng, generator):
-    """--prm-refresh: add A's recent trajectories to the estimator's data, fit --prm-refresh-epochs more."""
-    add_estimator_data(dense, "refresh", trajs, cfg, rng)
-    return fit_estimator(dense, cfg, cfg.prm_refresh_epochs, generator, desc="refresh estimator")
-
-
 def refresh_if_due(dense, trajs, cfg, state, u):
-    """--prm-refresh N: keep A's rollouts; every N updates refit the estimator on them (refresh_estimator)."""
+    """--prm-refresh N: keep A's rollouts; every N updates add them to the estimator's data and fit
+    --prm-refresh-epochs more passes."""
     state.pending += trajs
     if u % cfg.prm_refresh:
         return {}
     start = time.time()
-    stats = refresh_estimator(dense, state.pending, cfg, state.rng, state.generator)
+    add_estimator_data(dense, "refresh", state.pending, cfg, state.rng)
+    stats = fit_estimator(dense, cfg, cfg.prm_refresh_epochs, state.generator, desc="refresh estimator")
     state.pending = []
     state.totals["time/prm_seconds"] += time.time() - start
     return stats
 
 
 # ----------------------------------------------------------------------------------------------
-# Rollout: groups of episodes, batched across environments (one decoding pass per env step)
+# Config: the flags, and validate, the one place derived settings are filled in
 
 
-def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group_size=None):
-    """Play group_size copies of each task seed (same task, same initial state) until every episode ends,
-    sampling at `temperature` (default --temperature, the one the update's log-probs use).
-    Returns one Trajectory per episode; group g holds the copies of seeds[g].
-    act(prompts, admissibles, environments) -> [(response_ids, action, invalid)] is the action source:
-    the policy's sampler by default, or another agent (expert_actor) whose steps look like the policy's."""
-    temperature = cfg.temperature if temperature is None else temperature
-    gs = group_size or (cfg.group_size if split == "train" else 1)
-    act = act or (lambda prompts, adm, _: policy.act(prompts, adm, temperature))
-    games = [(g, int(s)) for g, s in enumerate(seeds) for _ in range(gs)]
-    environments = [envs.make_env(cfg.env, split=split, seed=s, backend=cfg.backend, **cfg.env_options)
-                    for _, s in games]
-    live = []
-    for env in environments:
-        obs, info = env.reset()
-        live.append({"obs": obs, "info": info, "history": [], "steps": [], "done": False})
-    while True:
-        active = [i for i, st in enumerate(live) if not st["done"]]
-        if not active:
-            break
-        prompts, admissible = [], []
-        for i in active:
-            st = live[i]
-            hist = st["history"][-cfg.history:] if cfg.history else []
-            # verl-agent leaves ALFWorld's "help" out of the actions offered to the agent.
-            admissible.append([a for a in st["info"]["admissible_actions"] if a != "help"])
-            prompts.append(policy.encode_prompt(build_prompt(st["info"]["task"], hist, st["obs"], admissible[-1],
-                                                             len(st["history"]), policy.compact, cfg.env)))
-        actions = act(prompts, admissible, [environments[i] for i in active])
-        for i, prompt, adm, (resp, action, invalid) in zip(active, prompts, admissible, actions):
-            st = live[i]
-            obs, _, done, info = environments[i].step(action)
-            gain = float(info.get("progress", 0.0)) - float(st["info"].get("progress", 0.0))
-            st["steps"].append(Step(prompt, resp, adm if policy.constrained else None, st["obs"], action,
-                                    float(info.get("dense_reward", 0.0)), invalid, progress_gain=gain))
-            st["history"].append((st["obs"], action))
-            st.update(obs=obs, info=info, done=done)
-    return [Trajectory(st["steps"], g, s, st["info"]["task_type"], bool(st["info"]["won"]),
-                       float(st["info"]["score"])) for st, (g, s) in zip(live, games)]
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line and exit code 2, no usage dump and no traceback."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples the panel alike
+def build_parser():
+    # allow_abbrev=False: a prefix is no flag (an old `--reward rspo` is refused, not read as --reward-scale).
+    # Longer explanations of every flag: docs/flags.md.
+    p = Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+               allow_abbrev=False)
+    a, on_off = p.add_argument, argparse.BooleanOptionalAction
+    # what to run
+    a("--env", default="alfworld", choices=["alfworld", "webshop"], help="text environment")
+    a("--env-options", default="{}", help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
+    a("--backend", default="offline", choices=["offline", "real"], help="offline shim or the real benchmark")
+    a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"], help="base algorithm (verl's adv_estimator)")
+    a("--method", default="rspo", choices=["rspo", "outcome", "dense"],
+      help="which method trains A: rspo: the reward-swap cycle; outcome/dense: A alone on that reward")
+    # RSPO
+    a("--k", type=int, default=3, help="updates of B, then of A, per RSPO cycle")
+    a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m) (on average "
+      "when alpha x --num-groups is fractional)")
+    a("--buffer-sampling", default="reward", choices=["reward", "variance", "random"],
+      help="which buffer groups A replays first")
+    a("--buffer-source", default="explorer", choices=["explorer", "self"],
+      help="explorer: B's swapped trajectories (RSPO); self: A's own previous rollouts (RSPO_H)")
+    a("--explorer-reward", default="dense", choices=["dense", "outcome"], help="B's reward (outcome: RSPO_O)")
+    a("--explorer-lr", type=float, default=None, help="Adam lr of B's k updates (default: --lr)")
+    # batch and budget
+    a("--updates", type=int, default=40, help="budget: number of A's updates")
+    a("--num-groups", type=int, default=8, help="groups (tasks) per batch (paper: 16)")
+    a("--group-size", type=int, default=8, help="episodes per group (TRL's num_generations)")
+    a("--max-steps", type=int, default=30, help="cap on steps per episode (the env's own limit wins when smaller)")
+    a("--history", type=int, default=2, help="past (observation, action) pairs in the prompt")
+    # model, decoding, resources
+    a("--model", default="tiny", help="'tiny' (built offline) or a Hugging Face causal LM id / local path / .gguf")
+    a("--action-mode", default="auto", choices=["auto", "constrained", "generate"],
+      help="constrained: decode only admissible actions (auto for tiny); generate: <think>/<action> text")
+    a("--max-new-tokens", type=int, default=256, help="generation budget per step in generate mode")
+    a("--temperature", type=float, default=1.0, help="sampling temperature for training rollouts")
+    a("--eval-temperature", type=float, default=0.4, help="sampling temperature for evaluation")
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+      help="auto: float32 weights, bf16 autocast on CUDA; otherwise the weights' own dtype (docs/gpu.md)")
+    a("--device", default="auto", help="auto (cuda -> mps -> cpu), cpu, cuda, mps, cuda:1 ...")
+    a("--gradient-checkpointing", action=on_off, default=False, help="trade compute for memory")
+    a("--explorer-offload", action=on_off, default=False, help="A waits in CPU memory while B trains")
+    a("--generation-batch-size", type=int, default=128, help="prompts per generate call (bounds the KV cache)")
+    # optimisation
+    a("--lr", type=float, default=None, help="Adam learning rate (default 1e-4 for tiny, 1e-6 otherwise)")
+    a("--warm-start", type=int, default=None, help="before RL, imitate this many demonstrator episodes (offline "
+      "envs; default 1000 for tiny, 0 for a given --model)")
+    a("--warm-start-epochs", type=int, default=3, help="passes over the demonstrations")
+    a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
+    a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
+    a("--minibatch-size", type=int, default=128, help="step samples per optimizer step")
+    a("--micro-batch-size", type=int, default=64, help="samples per forward pass (gradient accumulation)")
+    a("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon")
+    a("--clip-ratio-c", type=float, default=3.0, help="dual-clip bound for negative advantages (verl's clip_ratio_c)")
+    a("--beta", type=float, default=0.0, help="KL coefficient to a frozen reference (k3 / low_var_kl)")
+    a("--ent-coef", type=float, default=0.0, help="entropy bonus coefficient")
+    a("--max-grad-norm", type=float, default=1.0, help="gradient-norm clip")
+    a("--norm-adv", action=on_off, default=True, help="divide by the group std (TRL's scale_rewards)")
+    a("--gamma", type=float, default=0.95, help="discount (GiGPO step returns, PPO GAE)")
+    a("--lam", type=float, default=0.95, help="PPO GAE lambda")
+    a("--omega", type=float, default=1.0, help="GiGPO weight of the step-level advantage")
+    a("--vf-coef", type=float, default=0.5, help="PPO value-loss coefficient")
+    a("--vf-clip", type=float, default=0.5, help="PPO value clip range (verl's cliprange_value)")
+    a("--reward-scale", type=float, default=10.0, help="success reward (and dense-reward scale)")
+    a("--invalid-penalty", type=float, default=0.1, help="penalty for an unparseable response")
+    # dense rewards: the env's, or a learned progress estimator (SPA-RL); docs/dense-rewards.md
+    a("--dense-reward", default="env", choices=["env", "progress", "learned"],
+      help="env: info['dense_reward']; progress: the env's progress increments; learned: a progress estimator")
+    a("--dense-noise", type=float, default=0.0, help="std of seeded Gaussian noise added to every dense reward")
+    a("--prm-model", default="policy", help="estimator backbone: 'policy' (a copy of the warm-started policy), "
+      "'tiny' or an HF id / path")
+    a("--prm-freeze", action=on_off, default=False, help="train only the estimator's MLP head")
+    a("--prm-warmup-episodes", type=int, default=256, help="estimator data: episodes of the starting policy")
+    a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
+    a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
+    a("--prm-epochs", type=int, default=None, help="passes over the estimator's data (default 10 ALFWorld, 5 WebShop)")
+    a("--prm-refresh", type=int, default=0, help="every N updates of A, refit the estimator on A's rollouts too")
+    a("--prm-refresh-epochs", type=int, default=3, help="passes over the accumulated data per refresh")
+    a("--prm-lr", type=float, default=None, help="estimator Adam lr (default 1e-3 for tiny, 1e-5 otherwise)")
+    a("--prm-batch-size", type=int, default=16, help="trajectories per estimator optimizer step")
+    a("--prm-heldout", type=float, default=0.2, help="share of the estimator's episodes held out to report its fit")
+    a("--prm-path", default=None, help="fitted estimator file: loaded if it exists (same settings), else saved there")
+    # evaluation, logging, the run directory
+    a("--eval-every", type=int, default=10, help="evaluate every N updates of A (0: start and end only)")
+    a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
+    a("--eval-split", default=None, help="held-out split(s), comma-separated (default: valid_seen / test)")
+    a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
+    a("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model)")
+    a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
+    a("--overwrite", action="store_true", help="replace the run already in --output-dir")
+    a("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    a("--save-every", type=int, default=0, help="checkpoint every N updates of A (0: never)")
+    a("--save-model", action=on_off, default=True, help="save_pretrained at the end")
+    a("--progress", action=on_off, default=None, help="tqdm bar (default: if a tty)")
+    return p
 
 
-def evaluate(policy, cfg):
-    """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
-    for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
-    stream so evaluating never changes training."""
-    out = {}
-    for i, split in enumerate(cfg.eval_split.split(",")):
-        prefix = "eval" if i == 0 else f"eval_{split}"
-        n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
-        with own_rng(cfg.seed + EVAL_SEED_OFFSET, policy.device):
-            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature)
-        out[f"{prefix}/success"] = float(np.mean([t.won for t in trajs]))
-        out[f"{prefix}/score"] = float(np.mean([t.score for t in trajs]))
-        for kind in sorted({t.task_type for t in trajs}):
-            out[f"{prefix}/success/{kind}"] = float(np.mean([t.won for t in trajs if t.task_type == kind]))
-    return out
+class ConfigError(ValueError):
+    """Bad user input: reported as one line and exit code 2, never a traceback."""
 
 
-# ----------------------------------------------------------------------------------------------
-# Warm start: imitation of a demonstrator that sees what the agent sees, before RL (SPA-RL's SFT stage)
-
-
-def imitation_loss(logp, mask):
-    """Behaviour cloning (SFT): the token-mean negative log-likelihood of the demonstrator's responses,
-    -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum_{i,t} m_it."""
-    return -(logp * mask).sum() / mask.sum()
-
-
-def warm_start(policy, cfg):
-    """--warm-start episodes of the searching demonstrator on train tasks 0..N-1, each step rendered as the
-    policy's own, then --warm-start-epochs passes of Adam on imitation_loss in minibatches of --minibatch-size
-    steps. Its own RNG streams, so every method's RL starts from the same policy. Returns stats and cost."""
-    start = time.time()
-    trajs = rollout(policy, cfg, range(cfg.warm_start), act=expert_actor(policy, 0.0, None, searching=True),
-                    group_size=1)
-    steps = [s for t in trajs for s in t.steps]
-    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
-    generator, lengths, nll = torch.Generator().manual_seed(cfg.seed + 40_000), sequence_lengths(steps), []
-    policy.agent.train()
-    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.warm_start_epochs, generator):
-        tokens, loss = sum(len(steps[j].response_ids) for j in mb), 0.0
-        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
-            logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
-            part = imitation_loss(logp, mask) * (mask.sum().item() / tokens)   # token-mean over the minibatch
-            part.backward()
-            loss += float(part.detach())
-        optimizer_step(policy, optimizer, cfg)
-        nll.append(loss)
-    per_epoch = -(-len(steps) // cfg.minibatch_size)
-    return {"warmstart/episodes": len(trajs), "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
-            "warmstart/nll": float(np.mean(nll[-per_epoch:]))}, len(steps), time.time() - start
-
-
-# ----------------------------------------------------------------------------------------------
-# Update: one step of the base algorithm on a batch of on-policy and buffer trajectories
-
-
-def _pad(rows):
-    return nn.utils.rnn.pad_sequence(rows, batch_first=True)
-
-
-def advantages_for(trajs, cfg, values):
-    """Per-step advantages of the base algorithm from each trajectory's reward vector; PPO's returns."""
-    rewards = torch.cat([t.rewards for t in trajs]).float()
-    traj_ids = torch.tensor([i for i, t in enumerate(trajs) for _ in t.steps])
-    group_ids = torch.tensor([t.group for t in trajs for _ in t.steps])
-    if cfg.algo == "grpo":
-        scores = torch.stack([t.rewards.sum() for t in trajs])
-        adv = grpo_advantages(scores, torch.tensor([t.group for t in trajs]), cfg.norm_adv)[traj_ids]
-        return adv, None
-    if cfg.algo == "gigpo":
-        anchors = [s.obs for t in trajs for s in t.steps]
-        return gigpo_advantages(rewards, traj_ids, group_ids, anchors, cfg.gamma, cfg.omega,
-                                cfg.norm_adv), None
-    adv, returns = gae_advantages(rewards, values, traj_ids, cfg.gamma, cfg.lam)
-    return (adv - adv.mean()) / (adv.std() + 1e-8), returns  # batch whitening, as in CleanRL/verl
-
-
-def minibatches(n, size, epochs, generator):
-    """`epochs` shuffled passes over n samples, in minibatches of `size` indices."""
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator).tolist()
-        for start in range(0, n, size):
-            yield perm[start:start + size]
-
-
-def optimizer_step(policy, optimizer, cfg):
-    """Clip the gradient norm to --max-grad-norm and step; no gradients are held afterwards (B's phase needs
-    the room). Returns the norm before clipping."""
-    norm = float(nn.utils.clip_grad_norm_(policy.agent.parameters(), cfg.max_grad_norm))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
-
-
-def length_sorted_chunks(indices, lengths, size):
-    """Split indices into passes of `size` samples of similar length (lengths[i]), so little is padding.
-    The loss is a token-weighted sum over chunks, so the grouping does not change the gradient."""
-    ordered = sorted(indices, key=lambda i: lengths[i])
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
-
-
-def sequence_lengths(steps):
-    return [len(s.prompt_ids) + len(s.response_ids) for s in steps]
-
-
-@torch.no_grad()
-def score_steps(policy, steps, cfg):
-    """log pi(response | prompt) per token and V(s) for many steps, without gradients."""
-    policy.agent.eval()
-    logps, values = [None] * len(steps), torch.zeros(len(steps))
-    for idx in length_sorted_chunks(range(len(steps)), sequence_lengths(steps), cfg.micro_batch_size):
-        logp, mask, _, v = policy.forward([steps[i] for i in idx], cfg.temperature)
-        for i, row, m in zip(idx, logp.cpu(), mask.cpu()):
-            logps[i] = row[:int(m.sum())]
-        values[idx] = v.float().cpu()
-    return logps, values
-
-
-def update(policy, optimizer, trajs, cfg, generator, ref=None):
-    """One update (the unit of the budget): old log-probs and advantages, then `epochs` passes of
-    minibatch SGD on the clipped surrogate (+ KL, entropy, value terms). Fills behav_logp of on-policy
-    steps with pi_old, the policy they were sampled from, so they can be replayed later (RSPO_H)."""
-    steps = [s for t in trajs for s in t.steps]
-    old_logp, old_values = score_steps(policy, steps, cfg)
-    ref_logp = score_steps(ref, steps, cfg)[0] if ref is not None else None
-    replayed = [i for i, s in enumerate(steps) if s.behav_logp is not None]   # buffer samples
-    diagnostics = replay_diagnostics(torch.cat([steps[i].behav_logp for i in replayed]),
-                                     torch.cat([old_logp[i] for i in replayed])) if replayed else {}
-    for s, lp in zip(steps, old_logp):
-        if s.behav_logp is None:
-            s.behav_logp = lp
-    adv, returns = advantages_for(trajs, cfg, old_values)
-    lengths = sequence_lengths(steps)
-    policy.agent.train()
-    stats, n_mb = {}, 0
-    coef = {"losses/policy_loss": 1.0, "losses/entropy": -cfg.ent_coef, "losses/kl": cfg.beta,
-            "losses/value_loss": cfg.vf_coef}
-    for mb in minibatches(len(steps), cfg.minibatch_size, cfg.epochs, generator):
-        tokens = sum(len(steps[i].response_ids) for i in mb)
-        acc = {}
-        for idx in length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
-            logp, mask, ent, values = policy.forward([steps[i] for i in idx], cfg.temperature,
-                                                     with_entropy=True)
-            dev = logp.device
-            old = _pad([old_logp[i] for i in idx]).to(dev)
-            behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
-            a = adv[idx].to(dev).unsqueeze(1)
-            pg, clipfrac = shifted_clip_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
-            terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
-                     "losses/entropy": masked_mean(ent, mask),
-                     "losses/approx_kl": masked_mean(kl_k3(logp, old), mask)}
-            if ref_logp is not None:
-                terms["losses/kl"] = masked_mean(kl_k3(logp, _pad([ref_logp[i] for i in idx]).to(dev)), mask)
-            if returns is not None:
-                terms["losses/value_loss"] = value_loss(values, old_values[idx].to(dev),
-                                                        returns[idx].to(dev), cfg.vf_clip)
-            # Each chunk's share of the minibatch: its tokens for the token-mean terms, its samples for the
-            # value loss (a mean over states), so neither depends on how the minibatch is chunked.
-            token_share, sample_share = mask.sum().item() / tokens, len(idx) / len(mb)
-            share = {k: sample_share if k == "losses/value_loss" else token_share for k in terms}
-            sum(coef[k] * share[k] * v for k, v in terms.items() if k in coef).backward()
-            for k, v in terms.items():
-                acc[k] = acc.get(k, 0.0) + share[k] * float(v.detach())
-        acc["losses/grad_norm"] = optimizer_step(policy, optimizer, cfg)
-        for k, v in acc.items():
-            stats[k] = stats.get(k, 0.0) + v
-        n_mb += 1
-    return {**{k: v / n_mb for k, v in stats.items()}, **diagnostics}
-
-
-# ----------------------------------------------------------------------------------------------
-# The RSPO cycle
-
-
-def rollout_stats(trajs, prefix):
-    """Success (overall and per task type present), returns and length of a batch of rollouts, for logging."""
-    types = sorted({t.task_type for t in trajs})
-    return {f"{prefix}/success": float(np.mean([t.won for t in trajs])),
-            f"{prefix}/score": float(np.mean([t.score for t in trajs])),
-            f"{prefix}/dense_return": float(np.mean([sum(s.dense for s in t.steps) for t in trajs])),
-            f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs])),
-            **{f"{prefix}/success/{k}": float(np.mean([t.won for t in trajs if t.task_type == k])) for k in types}}
-
-
-def groups_of(trajs):
-    """{group id: [trajectories]} in group order."""
-    out = {}
-    for t in trajs:
-        out.setdefault(t.group, []).append(t)
-    return out
-
-
-def attach_training_rewards(trajs, kind, cfg, dense):
-    """attach_rewards, with dense rewards first relabelled by their source (env or learned, + noise)."""
-    if kind == "dense":
-        relabel_dense(trajs, dense, cfg.dense_noise, cfg)
-    return attach_rewards(trajs, kind, cfg)
-
-
-def explore(policy, cfg, rng, generator, ref, dense, seen):
-    """PAPER steps 1-3: B <- copy(A); k updates of B on the explorer reward; B's fresh rollouts, with
-    B's log-probs, swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
-    observations B met to the set `seen` (its distinct states).
-    B and its Adam state exist only inside this call (train then returns their memory to the device)."""
-    explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
-    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)  # fresh each cycle (inferred)
-    env_steps, stats = 0, {}
-    for _ in range(cfg.k):
-        trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
-        attach_training_rewards(trajs, cfg.explorer_reward, cfg, dense)
-        update(explorer, optimizer, trajs, cfg, generator, ref)
-        env_steps += sum(len(t.steps) for t in trajs)
-        stats = rollout_stats(trajs, "explorer")
-        seen.update(s.obs for t in trajs for s in t.steps)
-    trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
-    env_steps += sum(len(t.steps) for t in trajs)
-    seen.update(s.obs for t in trajs for s in t.steps)
-    stats["explorer/distinct_states"] = len(seen)
-    steps = [s for t in trajs for s in t.steps]
-    for s, lp in zip(steps, score_steps(explorer, steps, cfg)[0]):
-        s.behav_logp = lp
-    return reward_swap(trajs, cfg.reward_scale, cfg.invalid_penalty), stats, env_steps
-
-
-@dataclass
-class ReplayBuffer:
-    """PAPER step 4: one cycle's swapped groups in replay order, and a cursor. Refilled every cycle; A's
-    update u takes the next m_u groups (replay_groups), wrapping around when the cycle needs more than it holds."""
-    groups: list = field(default_factory=list)   # lists of trajectories, highest priority first
-    cursor: int = 0                              # groups handed out this cycle
-
-    def refill(self, trajs, mode, generator):
-        """A new cycle: the trajectories' groups ordered by --buffer-sampling (buffer_order), the cursor at 0."""
-        groups = list(groups_of(trajs).values())
-        if groups:
-            outcomes = _pad([torch.stack([t.rewards.sum() for t in g]) for g in groups])
-            groups = [groups[i] for i in buffer_order(outcomes, mode, generator).tolist()]
-        self.groups, self.cursor = groups, 0
-
-    def take(self, m, first_id):
-        """The next m groups, renumbered first_id, first_id + 1, ... so they never share an id with A's own
-        groups (GRPO/GiGPO normalise within a group)."""
-        out = [[replace(t, group=first_id + j) for t in self.groups[(self.cursor + j) % len(self.groups)]]
-               for j in range(m)]
-        self.cursor += m
-        return out
-
-
-def buffer_stats(groups):
-    return {"buffer/success": float(np.mean([t.won for g in groups for t in g])),
-            "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in groups]))}
-
-
-def count_wins(counts, trajs, prefix):
-    """Running totals of successful episodes per task type, counts["{prefix}/wins/{type}"] (0 for a type
-    played but never won): which kinds of task A's own rollouts and the replayed groups bring successes on."""
-    for t in trajs:
-        key = f"{prefix}/wins/{t.task_type}"
-        counts[key] = counts.get(key, 0) + int(t.won)
-
-
-def move_training_state(agent, optimizer, device):
-    """Move an agent's weights and its Adam moments to `device`. Parameters keep their identity
-    (Module.to copies in place), so the optimizer still points at them; Adam's `step` stays on the CPU."""
-    agent.to(device)
-    for state in optimizer.state.values():
-        for k, v in state.items():
-            if torch.is_tensor(v) and k != "step":
-                state[k] = v.to(device)
-
-
-def release_memory(device):
-    """Hand freed blocks back to the device, so the next phase (or another copy) can use them."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def offloaded(policy, optimizer, enabled):
-    """--explorer-offload: A waits in CPU memory while B trains, so one copy is on the device at a time."""
-    if not enabled:
-        yield
-        return
-    move_training_state(policy.agent, optimizer, torch.device("cpu"))
-    release_memory(policy.device)
+def validate(cfg):
+    """Check the settings (bad input: ConfigError) and fill in every derived one: the prompt and action mode, the
+    learning rates, the warm start, the output directory, the held-out split, the env's episode cap and its number
+    of train tasks (probe_env). The one place cfg is changed; returns it."""
+    bounds = [("must be >= 1", lambda v: v >= 1, "group_size num_groups updates k epochs minibatch_size "
+               "micro_batch_size generation_batch_size max_new_tokens max_steps eval_episodes warm_start_epochs "
+               "prm_batch_size"),
+              ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every save_every history beta ent_coef "
+               "vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs prm_refresh "
+               "prm_refresh_epochs"),
+              ("must be > 0", lambda v: v > 0, "lr explorer_lr warm_start_lr prm_lr clip_eps vf_clip max_grad_norm "
+               "reward_scale")]
+    for msg, ok, names in bounds:   # None: a default filled in below
+        for name in names.split():
+            if getattr(cfg, name) is not None and not ok(getattr(cfg, name)):
+                raise ConfigError(f"--{name.replace('_', '-')} {msg}")
+    checks = [
+        (0.0 <= cfg.alpha < 1.0, "--alpha must be in [0, 1)"),
+        (cfg.temperature > 0 and cfg.eval_temperature >= 0, "temperatures must be positive"),
+        (cfg.clip_ratio_c > 1, "--clip-ratio-c must be > 1"),
+        (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
+        (0.0 <= cfg.gamma <= 1.0 and 0.0 <= cfg.lam <= 1.0, "--gamma and --lam must be in [0, 1]"),
+        (0.0 <= cfg.prm_expert_noise <= 1.0 and 0.0 <= cfg.prm_heldout < 1.0,
+         "--prm-expert-noise must be in [0, 1] and --prm-heldout in [0, 1)"),
+        (not cfg.warm_start or cfg.backend == "offline",
+         "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
+        (not (cfg.overwrite and cfg.resume), "--overwrite and --resume exclude each other"),
+        (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
+         "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
+        (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
+        (not cfg.prm_path or not cfg.prm_refresh,
+         "--prm-path keeps the fitted estimator, not its data: it cannot be combined with --prm-refresh"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
     try:
-        yield
-    finally:
-        move_training_state(policy.agent, optimizer, policy.device)
-
-
-@dataclass
-class TrainState:
-    """What A's training loop carries from one update to the next besides the weights and Adam's state. A
-    checkpoint holds all of it, so a resumed run continues exactly as the uninterrupted one."""
-    rng: np.random.Generator     # which tasks are played (and the estimator's data splits)
-    generator: torch.Generator   # minibatch order and buffer ties
-    totals: dict                 # updates, env steps and seconds of A, B and the estimator
-    buffer: ReplayBuffer = field(default_factory=ReplayBuffer)
-    previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
-    last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
-    pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
-    seen_states: set = field(default_factory=set)      # A's distinct observations
-    explorer_states: set = field(default_factory=set)  # B's
-    wins: dict = field(default_factory=dict)
-
-
-def start_run(cfg, policy, dense, optimizer, log, checkpoint):
-    """Before A's first update: the warm start, the KL reference (the starting policy, frozen), the estimator's
-    fit and the evaluation of line 0 -- or a checkpoint's state. A resumed run redoes the (deterministic) warm
-    start only when the reference needs it; the reference is copied before a checkpoint's weights are loaded.
-    Returns (TrainState, reference policy or None, the last record logged)."""
-    warm = warm_start(policy, cfg) if cfg.warm_start and (checkpoint is None or cfg.beta > 0) else None
-    ref = None
-    if cfg.beta > 0:
-        ref = Policy(copy.deepcopy(policy.agent).requires_grad_(False), policy.tok, cfg, policy.device)
-    if checkpoint is not None:
-        state, record = restore_checkpoint(checkpoint, policy, optimizer, dense, cfg)
-        return state, ref, record
-    state = TrainState(np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed),
-                       {"env_steps/A": 0, "env_steps/B": 0, "updates/A": 0, "updates/B": 0,
-                        "time/A_seconds": 0.0, "time/B_seconds": 0.0})
-    if warm is not None:
-        state.totals.update({"env_steps/warmstart": warm[1], "time/warmstart_seconds": warm[2]})
-    prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
-    if dense.estimator is not None:
-        state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-    record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
-    log(record)
-    return state, ref, record
-
-
-def refill_buffer(cfg, policy, optimizer, state, ref, dense):
-    """The start of a cycle: the explorer phase (explore: B trained on dense rewards, its fresh batch swapped to
-    outcome rewards) -- or, for RSPO_H, A's own rollouts of the previous cycle -- ordered into the buffer."""
-    if cfg.buffer_source == "explorer":
-        with offloaded(policy, optimizer, cfg.explorer_offload):
-            trajs, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense,
-                                                          state.explorer_states)
-        release_memory(policy.device)
-        state.totals["env_steps/B"] += b_steps
-        state.totals["updates/B"] += cfg.k
-    else:   # RSPO_H: with A's log-probs at the time
-        trajs, state.last_explorer = state.previous_own, {}
-    state.buffer.refill(trajs, cfg.buffer_sampling, state.generator)
-    state.previous_own = []
-
-
-def batch_stats(cfg, state, trajs, replay):
-    """Logged with each update: A's rollouts, the replayed groups, the running counts of wins and states."""
-    replayed = [t for g in replay for t in g]
-    stats = {**rollout_stats(trajs, "train"), "train/outcome_return": float(np.mean([cfg.reward_scale * t.won for t in trajs]))}
-    novel = novel_win_share(replayed, state.wins)
-    if novel is not None:
-        stats["buffer/novel_type_wins"] = novel
-    state.seen_states.update(s.obs for t in trajs for s in t.steps)
-    count_wins(state.wins, trajs, "train")
-    count_wins(state.wins, replayed, "buffer")
-    return {**stats, **state.last_explorer, **(buffer_stats(replay) if replay else {}),
-            "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items()))}
-
-
-def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
-    """PAPER Algorithm 1, A's loop: with --method rspo every k updates start a cycle (refill_buffer: explore ->
-    reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the buffer's next
-    m_u groups (replay_groups). --method outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
-    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
-    state, ref, record = start_run(cfg, policy, dense, optimizer, log, checkpoint)
-    done = state.totals["updates/A"]
-    bar = tqdm(range(done + 1, cfg.updates + 1), initial=done, total=cfg.updates, disable=not cfg.progress,
-               desc=f"{cfg.method}+{cfg.algo}")
-    for u in bar:
-        t0 = time.time()
-        if cfg.method == "rspo" and (u - 1) % cfg.k == 0:
-            refill_buffer(cfg, policy, optimizer, state, ref, dense)
-            state.totals["time/B_seconds"] += time.time() - t0
-        t1 = time.time()
-        # An empty buffer (RSPO_H's first cycle) replays nothing and leaves A its whole on-policy batch.
-        m = replay_groups(cfg.alpha, cfg.num_groups, u) if cfg.method == "rspo" and state.buffer.groups else 0
-        trajs = rollout(policy, cfg, state.rng.integers(0, cfg.train_tasks, cfg.num_groups - m))
-        attach_training_rewards(trajs, "dense" if cfg.method == "dense" else "outcome", cfg, dense)
-        replay = state.buffer.take(m, first_id=cfg.num_groups - m)
-        stats = batch_stats(cfg, state, trajs, replay)
-        stats.update(update(policy, optimizer, trajs + [t for g in replay for t in g], cfg, state.generator, ref))
-        if cfg.method == "rspo" and cfg.buffer_source == "self":
-            state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
-        if dense.estimator is not None and cfg.prm_refresh:
-            stats.update(refresh_if_due(dense, trajs, cfg, state, u))
-        state.totals.update({"env_steps/A": state.totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
-                             "updates/A": u, "time/A_seconds": state.totals["time/A_seconds"] + time.time() - t1})
-        record = {"update": u, **stats, **state.totals}
-        if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
-            record.update(evaluate(policy, cfg))
-        log(record)
-        if cfg.save_every and (u % cfg.save_every == 0 or u == cfg.updates):
-            save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record)
-        bar.set_postfix(success=f"{stats['train/success']:.2f}", ev=record.get("eval/success", ""))
-    return record
+        cfg.env_options = json.loads(cfg.env_options) if isinstance(cfg.env_options, str) else cfg.env_options
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--env-options is not valid JSON: {e}") from None
+    if not isinstance(cfg.env_options, dict):
+        raise ConfigError("--env-options must be a JSON object")
+    # A tiny model (built here, or saved by this script and passed back as --model DIR) reads the compact
+    # prompt and decodes constrained by default; a pretrained chat model reads verl-agent's full prompt.
+    saved = saved_settings(cfg.model) if cfg.model != "tiny" else {}
+    cfg.prompt = "compact" if cfg.model == "tiny" else saved.get("prompt", "full")
+    if cfg.action_mode == "auto":
+        cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
+    if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
+        cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
+    cfg.explorer_lr = cfg.explorer_lr or cfg.lr
+    if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
+        cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
+    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.method}_{cfg.algo}_s{cfg.seed}")
+    if cfg.prm_lr is None:
+        cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
+    cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
+    if cfg.prm_epochs is None:   # WebShop's 205 trajectories overfit by 10 passes (and 5 fit in < 2 CPU minutes)
+        cfg.prm_epochs = {"alfworld": 10, "webshop": 5}[cfg.env]
+    cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
+    cfg.env_options["max_steps"], cfg.train_tasks = probe_env(cfg)
+    if cfg.method == "rspo" and replay_groups(cfg.alpha, cfg.num_groups, 1) >= cfg.num_groups:
+        raise ConfigError("--alpha leaves no on-policy group")
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1687,7 +1605,7 @@ def restore_checkpoint(checkpoint, policy, optimizer, dense, cfg):
 
 
 # ----------------------------------------------------------------------------------------------
-# main
+# Running: devices, building the policy, the output directory, main
 
 
 @contextlib.contextmanager
@@ -1716,11 +1634,6 @@ def pick_device(name):
     if not present.get(device.type, False):
         raise ConfigError(f"--device {name}: no such device on this machine")
     return device
-
-
-def pick_dtype(name):
-    """Dtype of the weights, and so of the gradients and Adam's moments: float32 unless --dtype says."""
-    return torch.float32 if name == "auto" else getattr(torch, name)
 
 
 def autocast_dtype(name, device):
@@ -1761,7 +1674,8 @@ def build_lm(name, cfg, seed, flag="--model"):
     if name == "tiny":
         tok = build_tiny_tokenizer(tiny_vocabulary(cfg.env, cfg.backend, cfg.env_options))
         return build_tiny_model(len(tok), tok, seed), tok
-    return load_pretrained(name, pick_dtype(cfg.dtype), flag)
+    # --dtype: the weights' (and so the gradients' and Adam's) dtype; auto keeps float32 (autocast_dtype)
+    return load_pretrained(name, torch.float32 if cfg.dtype == "auto" else getattr(torch, cfg.dtype), flag)
 
 
 def build_policy(cfg, device, pretrained=None):
@@ -1778,6 +1692,36 @@ def build_policy(cfg, device, pretrained=None):
     agent.to(device)
     check_logits_path(agent, cfg.model)
     return Policy(agent, tok, cfg, device)
+
+
+def move_training_state(agent, optimizer, device):
+    """Move an agent's weights and its Adam moments to `device`. Parameters keep their identity
+    (Module.to copies in place), so the optimizer still points at them; Adam's `step` stays on the CPU."""
+    agent.to(device)
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if torch.is_tensor(v) and k != "step":
+                state[k] = v.to(device)
+
+
+def release_memory(device):
+    """Hand freed blocks back to the device, so the next phase (or another copy) can use them."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def offloaded(policy, optimizer, enabled):
+    """--explorer-offload: A waits in CPU memory while B trains, so one copy is on the device at a time."""
+    if not enabled:
+        yield
+        return
+    move_training_state(policy.agent, optimizer, torch.device("cpu"))
+    release_memory(policy.device)
+    try:
+        yield
+    finally:
+        move_training_state(policy.agent, optimizer, policy.device)
 
 
 def save_model(policy, cfg, path):
