@@ -1445,7 +1445,7 @@ def build_parser():
     a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
     a("--eval-split", default=None, help="held-out split(s), comma-separated (default: valid_seen / test)")
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
-    a("--threads", type=int, default=1, help="torch CPU threads (1 suits the tiny model)")
+    a("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; 1 suits the tiny model)")
     a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
     a("--overwrite", action="store_true", help="replace the run already in --output-dir")
     a("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
