@@ -2248,13 +2248,13 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
 
 
 def test_table2_comparisons_are_registered_before_their_runs(reproduce):
-    """Pre-registrations 3 and 4 (results/README.md): every ablation against the full method and GRPO, every sweep
-    setting (the alpha = 0 control too) against the full method, all on ALFWorld GRPO."""
+    """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
+    full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO."""
     for m in reproduce.EXPERIMENTS["ablations"][0]:
-        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED)
+        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED_H64)
     assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
     for m in reproduce.EXPERIMENTS["sweeps"][0]:
-        assert ("alfworld", "grpo", m, "rspo") in reproduce.REGISTERED
+        assert ("alfworld", "grpo", m, "rspo") in reproduce.REGISTERED_H64
 
 
 def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):
@@ -2407,7 +2407,7 @@ def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path
     text = (archive / "tables.md").read_text()
     assert "## Main comparison" in text and "Pre-registered" not in text
     assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
-    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED   # registered, yet left out above
+    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED_H64   # registered, yet left out above
     assert sorted(os.listdir(tmp_path / "results")) == ["archive"]
     with pytest.raises(SystemExit):
         reproduce.main(["--results", str(archive)])
