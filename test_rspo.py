@@ -30,6 +30,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -401,8 +402,8 @@ def test_generate_mode_samples_the_distribution_the_learner_scores():
     torch.manual_seed(0)
     policy = qwen_defaults(tiny_policy(mode="generate", seed=3))
     policy.cfg.max_new_tokens = 1
-    with torch.no_grad():   # a far-from-uniform distribution with a long tail
-        policy.agent.lm.get_output_embeddings().weight.mul_(2)
+    with torch.no_grad():   # a far-from-uniform distribution with a long tail (top token 13-25 %, 1/53 if uniform)
+        policy.agent.lm.get_output_embeddings().weight.mul_(1.5)
     prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
     vocab = range(len(policy.tok))
     for temperature in (1.0, 0.7):
@@ -2382,11 +2383,12 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert git("worktree", "list").count("\n") == 1
 
 
-def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys):
+def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys, monkeypatch):
     """--report --results DIR (the archive) reads the runs under DIR and writes final.csv and tables.md there,
     with each run's path where it lies now; results/ is left alone. --results without --report is refused. The
-    archive's runs predate the registration: no pre-registered table, even for a registered (env, algo, method).
-    The estimator's table names its data from the run's config."""
+    archive's runs predate the registration: no pre-registered table, even for a registered (env, algo, method);
+    results/archive_h64 gets its own regime's (REGISTERED_H64). The estimator's table names its data from the run's
+    config."""
     archive = tmp_path / "results" / "archive"
     for method, prm in [("outcome", {}), ("rspo", {"prm_model": "tiny", "prm_warmup_episodes": 64,
                                                    "prm_expert_episodes": 256, "prm_epochs": 30})]:
@@ -2407,8 +2409,13 @@ def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path
     text = (archive / "tables.md").read_text()
     assert "## Main comparison" in text and "Pre-registered" not in text
     assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
-    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED_H64   # registered, yet left out above
+    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED   # registered, yet left out above
     assert sorted(os.listdir(tmp_path / "results")) == ["archive"]
+    shutil.copytree(archive, tmp_path / "results" / "archive_h64")
+    monkeypatch.setattr(reproduce, "REGISTERED", [])
+    reproduce.main(["--report", "--results", str(tmp_path / "results" / "archive_h64")])
+    text = (tmp_path / "results" / "archive_h64" / "tables.md").read_text()
+    assert "## Pre-registered comparison: rspo+grpo vs grpo on webshop" in text
     with pytest.raises(SystemExit):
         reproduce.main(["--results", str(archive)])
     assert "--results goes with --report" in capsys.readouterr().err

@@ -1,16 +1,18 @@
 """Held-out curves per task type, mean over seeds, of the runs in results/main (printed as markdown).
 
-    python results/curves.py
+    python results/curves.py > results/curves.md
+    python results/curves.py results/archive_h64 > results/archive_h64/curves.md   # another results directory
 """
 import glob
 import json
 import os
 import statistics
+import sys
 from collections import defaultdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 runs = defaultdict(list)   # (env, algo, method) -> [records with an evaluation]
-for path in sorted(glob.glob(os.path.join(HERE, "main", "*", "metrics.jsonl"))):
+for path in sorted(glob.glob(os.path.join(RESULTS, "main", "*", "metrics.jsonl"))):
     name = os.path.basename(os.path.dirname(path))
     env, algo, rest = name.split("_", 2)
     runs[env, algo, rest.rsplit("_s", 1)[0]].append([r for r in map(json.loads, open(path)) if "eval/success" in r])
