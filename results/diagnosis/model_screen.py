@@ -1,0 +1,103 @@
+"""Screen (issue 13): which tiny model, or which order of the compact prompt, learns fastest from the
+demonstrations? The main settings' imitation (1,000 searching-demonstrator episodes, Adam lr 1e-3, minibatches of
+128 steps, seed 0), evaluated after every epoch on all of valid_seen and valid_unseen (rspo.evaluate, T = 0.4).
+No RL. Each variant replaces rspo.build_tiny_model (or the compact template) in this process only.
+
+    python results/diagnosis/model_screen.py h64 --epochs 6      # the tiny model before 2026-12-02 (hidden 64)
+    python results/diagnosis/model_screen.py h128 --epochs 4     # rspo.py's tiny model since then
+
+One JSON line per run to model_screen.jsonl: the variant, its parameters, and per epoch the token-mean NLL, held-out
+success on both splits and seconds since the demonstrations were played.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import rspo  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# name -> (architecture, hidden, layers, heads, compact template or None for rspo.py's)
+VARIANTS = {
+    "h64": ("llama", 64, 2, 4, None),
+    "h64_gpt2": ("gpt2", 64, 2, 4, None),   # learned absolute positions instead of RoPE
+    "h64_task_both": ("llama", 64, 2, 4, "task : {task} . history : {history} . observation : {obs} . task : {task}"),
+    "h64_task_last": ("llama", 64, 2, 4, "history : {history} . observation : {obs} . task : {task}"),
+    "h64_heads8": ("llama", 64, 2, 8, None),
+    "h64_layers3": ("llama", 64, 3, 4, None),
+    "h128": ("llama", 128, 2, 4, None),
+}
+
+
+def builder(arch, hidden, layers, heads):
+    """rspo.build_tiny_model with another size or architecture (FFN 4 x hidden, tied embeddings, seeded alike)."""
+    def build(vocab_size, tok, seed):
+        from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+        special = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       tie_word_embeddings=True)
+        if arch == "llama":
+            config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=4 * hidden,
+                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                                 max_position_embeddings=1024, **special)
+        else:
+            config = GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024,
+                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **special)
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+    return build
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("variant", choices=sorted(VARIANTS))
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    arch, hidden, layers, heads, template = VARIANTS[args.variant]
+    rspo.build_tiny_model = builder(arch, hidden, layers, heads)
+    if template:
+        rspo.COMPACT_TEMPLATE = template
+    cfg = rspo.validate(rspo.build_parser().parse_args(
+        ["--env", "alfworld", "--seed", str(args.seed), "--eval-episodes", "140", "--eval-split",
+         "valid_seen,valid_unseen", "--method", "outcome", "--warm-start", "1000", "--no-progress"]))
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    start = time.time()
+    # rspo.warm_start's data, optimizer, minibatches and RNG stream, with an evaluation after every epoch
+    trajs = rspo.rollout(policy, cfg, range(cfg.warm_start), group_size=1,
+                         act=rspo.expert_actor(policy, 0.0, None, searching=True))
+    steps = [s for t in trajs for s in t.steps]
+    optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
+    generator, lengths, curve = torch.Generator().manual_seed(cfg.seed + 40_000), rspo.sequence_lengths(steps), []
+    for epoch in range(1, args.epochs + 1):
+        policy.agent.train()
+        nll = []
+        for mb in rspo.minibatches(len(steps), cfg.minibatch_size, 1, generator):
+            tokens, loss = sum(len(steps[j].response_ids) for j in mb), 0.0
+            for idx in rspo.length_sorted_chunks(mb, lengths, cfg.micro_batch_size):
+                logp, mask, _, _ = policy.forward([steps[j] for j in idx], 1.0)
+                part = rspo.imitation_loss(logp, mask) * (mask.sum().item() / tokens)
+                part.backward()
+                loss += float(part.detach())
+            rspo.optimizer_step(policy, optimizer, cfg)
+            nll.append(loss)
+        ev = rspo.evaluate(policy, cfg)
+        curve.append({"epoch": epoch, "nll": float(np.mean(nll)), "valid_seen": ev["eval/success"],
+                      "valid_unseen": ev["eval_valid_unseen/success"], "seconds": time.time() - start})
+        print(args.variant, curve[-1], flush=True)
+    with open(os.path.join(HERE, "model_screen.jsonl"), "a") as f:
+        f.write(json.dumps({"variant": args.variant, "seed": args.seed,
+                            "parameters": sum(q.numel() for q in policy.agent.lm.parameters()), "curve": curve}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
