@@ -1384,7 +1384,7 @@ def build_parser():
     a("--explorer-reward", default="dense", choices=["dense", "outcome"], help="B's reward (outcome: RSPO_O)")
     a("--explorer-lr", type=float, default=None, help="Adam lr of B's k updates (default: --lr)")
     # batch and budget
-    a("--updates", type=int, default=40, help="budget: number of A's updates")
+    a("--updates", type=int, default=20, help="budget: number of A's updates (the main runs: 100)")
     a("--num-groups", type=int, default=8, help="groups (tasks) per batch (paper: 16)")
     a("--group-size", type=int, default=8, help="episodes per group (TRL's num_generations)")
     a("--max-steps", type=int, default=30, help="cap on steps per episode (the env's own limit wins when smaller)")
@@ -1442,8 +1442,8 @@ def build_parser():
     a("--prm-heldout", type=float, default=0.2, help="share of the estimator's episodes held out to report its fit")
     a("--prm-path", default=None, help="fitted estimator file: loaded if it exists (same settings), else saved there")
     # evaluation, logging, the run directory
-    a("--eval-every", type=int, default=10, help="evaluate every N updates of A (0: start and end only)")
-    a("--eval-episodes", type=int, default=64, help="held-out tasks per evaluation")
+    a("--eval-every", type=int, default=5, help="evaluate every N updates of A (0: start and end only)")
+    a("--eval-episodes", type=int, default=256, help="held-out tasks per evaluation (at most the split's)")
     a("--eval-split", default=None, help="held-out split(s), comma-separated (default: valid_seen / test)")
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
     a("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; 1 suits the tiny model)")
