@@ -1,10 +1,12 @@
 """Screen (issue 13): which tiny model, or which order of the compact prompt, learns fastest from the
 demonstrations? The main settings' imitation (1,000 searching-demonstrator episodes, Adam lr 1e-3, minibatches of
-128 steps, seed 0), evaluated after every epoch on all of valid_seen and valid_unseen (rspo.evaluate, T = 0.4).
-No RL. Each variant replaces rspo.build_tiny_model (or the compact template) in this process only.
+128 steps, seed 0), evaluated after every epoch on all of valid_seen and valid_unseen (rspo.evaluate, T = 0.4);
+WebShop variants (ws_*) on its 256 test tasks (10 steps). No RL. Each variant replaces rspo.build_tiny_model (or
+the compact template, or the tokenizer) in this process only.
 
     python results/diagnosis/model_screen.py h64 --epochs 6      # the tiny model before 2026-12-02 (hidden 64)
     python results/diagnosis/model_screen.py h128 --epochs 4     # rspo.py's tiny model since then
+    python results/diagnosis/model_screen.py ws_h128_lower --epochs 3   # WebShop, a lower-cased vocabulary
 
 One JSON line per run to model_screen.jsonl: the variant, its parameters, and per epoch the token-mean NLL, held-out
 success on both splits and seconds since the demonstrations were played.
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import failures  # noqa: E402  (this folder: its lower-cased tokenizer)
 import rspo  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,6 +35,9 @@ VARIANTS = {
     "h64_heads8": ("llama", 64, 2, 8, None),
     "h64_layers3": ("llama", 64, 3, 4, None),
     "h128": ("llama", 128, 2, 4, None),
+    "ws_h128": ("llama", 128, 2, 4, None),
+    # one word for the page's 'B0NKJW8DEX' and the click's 'b0nkjw8dex' (failures.py's lower-cased tokenizer)
+    "ws_h128_lower": ("llama", 128, 2, 4, None),
 }
 
 
@@ -63,9 +69,13 @@ def main():
     rspo.build_tiny_model = builder(arch, hidden, layers, heads)
     if template:
         rspo.COMPACT_TEMPLATE = template
+    if args.variant.endswith("_lower"):
+        failures.lowercase_tokenizer()
+    env = (["--env", "webshop", "--max-steps", "10", "--eval-episodes", "256", "--eval-split", "test"]
+           if args.variant.startswith("ws_") else
+           ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
     cfg = rspo.validate(rspo.build_parser().parse_args(
-        ["--env", "alfworld", "--seed", str(args.seed), "--eval-episodes", "140", "--eval-split",
-         "valid_seen,valid_unseen", "--method", "outcome", "--warm-start", "1000", "--no-progress"]))
+        [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", "1000", "--no-progress"]))
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -91,8 +101,10 @@ def main():
             rspo.optimizer_step(policy, optimizer, cfg)
             nll.append(loss)
         ev = rspo.evaluate(policy, cfg)
-        curve.append({"epoch": epoch, "nll": float(np.mean(nll)), "valid_seen": ev["eval/success"],
-                      "valid_unseen": ev["eval_valid_unseen/success"], "seconds": time.time() - start})
+        success = {split: ev[f"{'eval' if i == 0 else 'eval_' + split}/success"]   # rspo.evaluate's keys
+                   for i, split in enumerate(cfg.eval_split.split(","))}
+        curve.append({"epoch": epoch, "nll": float(np.mean(nll)), **success, "score": ev["eval/score"],
+                      "seconds": time.time() - start})
         print(args.variant, curve[-1], flush=True)
     with open(os.path.join(HERE, "model_screen.jsonl"), "a") as f:
         f.write(json.dumps({"variant": args.variant, "seed": args.seed,
