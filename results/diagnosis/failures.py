@@ -3,7 +3,7 @@
     python results/diagnosis/failures.py alfworld                        # the warm start of the main settings, seed 0
     python results/diagnosis/failures.py alfworld --model runs/grpo_u60/model   # a saved policy (below)
     python results/diagnosis/failures.py alfworld --model runs/h128_l4 --warm-start 1000   # a larger model, imitated
-    python results/diagnosis/failures.py webshop [--lowercase]
+    python results/diagnosis/failures.py webshop [--lowercase | --alias]
 
 The policy samples every held-out task at the evaluation temperature (rspo.evaluate's panel and RNG stream, so its
 success equals the run's eval/success). At each step the searching demonstrator's action in the same state is
@@ -12,7 +12,8 @@ ALFWorld: each failed episode is classified by what happened to the task's objec
 never seen; and whether another object was taken). WebShop: agreement with the demonstrator by the kind of step
 it takes (search, product click, option, navigation, buy), on test tasks and on train tasks the demonstrations
 did not cover. --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
-page and 'b0abc' in the click, for 'Office' and 'office'). rspo.py is not changed.
+page and 'b0abc' in the click, for 'Office' and 'office'); --alias shows and clicks a results page's products as
+item1, item2, ... (model_screen.AliasedResults). rspo.py is not changed.
 
 runs/grpo_u60 is GRPO seed 0 of the main settings stopped at update 60 (its training equals
 ../main/alfworld_grpo_outcome_s0's up to there; only the evaluation schedule differs), saving its model:
@@ -53,7 +54,7 @@ def step_kind(env_name, demo):
         return demo.split()[0]
     if demo.startswith("search"):
         return "search"
-    if re.match(r"click\[b0", demo):
+    if re.match(r"click\[(b0|item\d)", demo):
         return "product"
     return {"click[buy now]": "buy", "click[< prev]": "nav", "click[next >]": "nav",
             "click[back to search]": "nav"}.get(demo, "option")
@@ -95,9 +96,13 @@ def main():
     p.add_argument("--warm-start", type=int, default=None, help="default: rspo.py's (1000 for tiny, 0 for a --model)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lowercase", action="store_true")
+    p.add_argument("--alias", action="store_true")
     a = p.parse_args()
     if a.lowercase:
         lowercase_tokenizer()
+    if a.alias:
+        import model_screen   # here, not at the top: it imports this module
+        model_screen.alias_results()
     cfg = rspo.build_parser().parse_args(["--env", a.env, "--model", a.model, "--seed", str(a.seed), *SETTINGS[a.env]]
                                          + ([] if a.warm_start is None else ["--warm-start", str(a.warm_start)]))
     rspo.validate(cfg)

@@ -7,6 +7,7 @@ the compact template, or the tokenizer) in this process only.
     python results/diagnosis/model_screen.py h64 --epochs 6      # the tiny model before 2026-12-02 (hidden 64)
     python results/diagnosis/model_screen.py h128 --epochs 4     # rspo.py's tiny model since then
     python results/diagnosis/model_screen.py ws_h128_lower --epochs 3   # WebShop, a lower-cased vocabulary
+    python results/diagnosis/model_screen.py ws_h128_alias --epochs 3   # WebShop, results named item1, item2, ...
 
 One JSON line per run to model_screen.jsonl: the variant, its parameters, and per epoch the token-mean NLL, held-out
 success on both splits and seconds since the demonstrations were played.
@@ -38,7 +39,63 @@ VARIANTS = {
     "ws_h128": ("llama", 128, 2, 4, None),
     # one word for the page's 'B0NKJW8DEX' and the click's 'b0nkjw8dex' (failures.py's lower-cased tokenizer)
     "ws_h128_lower": ("llama", 128, 2, 4, None),
+    # the policy sees and clicks a results page's products as item1, item2, ... (AliasedResults)
+    "ws_h128_alias": ("llama", 128, 2, 4, None),
 }
+ALIASES = [f"item{k}" for k in range(1, 11)]   # a results page lists at most 10 products
+
+
+class AliasedResults:
+    """A copy-friendly rendering of WebShop's results pages, on the policy's side only: the wrapped env is
+    unchanged, but what the policy reads and clicks names the page's products by position (item1 for the first
+    listed, ...), not by their ASINs, each a word seen in a handful of demonstrations at most. Actions are
+    mapped back to the ASIN before they reach the env; the (searching) demonstrator's clicks are mapped to the
+    alias, so the imitation sees the same rendering."""
+
+    def __init__(self, env):
+        self.env, self.to_asin, self.to_alias = env, {}, {}
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def _render(self, obs, info):
+        clicks = [a[len("click["):-1] for a in info["admissible_actions"] if a.startswith("click[")]
+        listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
+        if listed:                    # a results page: new names; elsewhere no product is clickable
+            self.to_alias = {c: alias for alias, (_, c) in zip(ALIASES, listed)}
+            self.to_asin = {v: k for k, v in self.to_alias.items()}
+            for c, alias in self.to_alias.items():
+                obs = obs.replace(c.upper(), alias)
+        adm = [f"click[{self.to_alias[a[6:-1]]}]" if a[6:-1] in self.to_alias else a
+               for a in info["admissible_actions"]]
+        return obs, {**info, "admissible_actions": adm}
+
+    def _alias(self, action):
+        return f"click[{self.to_alias[action[6:-1]]}]" if action[6:-1] in self.to_alias else action
+
+    def reset(self):
+        return self._render(*self.env.reset())
+
+    def step(self, action):
+        if action.startswith("click[") and action[6:-1] in self.to_asin:
+            action = f"click[{self.to_asin[action[6:-1]]}]"
+        obs, reward, done, info = self.env.step(action)
+        obs, info = self._render(obs, info)
+        return obs, reward, done, info
+
+    def searching_action(self):
+        return self._alias(self.env.searching_action())
+
+    def expert_action(self):
+        return self._alias(self.env.expert_action())
+
+
+def alias_results():
+    """WebShop envs rendered by AliasedResults, and the aliases in the tiny vocabulary (this process only)."""
+    make, vocab = rspo.envs.make_env, rspo.tiny_vocabulary
+    rspo.envs.make_env = lambda *a, **k: AliasedResults(make(*a, **k))
+    rspo.tiny_vocabulary = lambda *a, **k: vocab(*a, **k) + ALIASES
+
 
 
 def builder(arch, hidden, layers, heads):
@@ -71,6 +128,8 @@ def main():
         rspo.COMPACT_TEMPLATE = template
     if args.variant.endswith("_lower"):
         failures.lowercase_tokenizer()
+    if args.variant.endswith("_alias"):
+        alias_results()
     env = (["--env", "webshop", "--max-steps", "10", "--eval-episodes", "256", "--eval-split", "test"]
            if args.variant.startswith("ws_") else
            ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
