@@ -56,8 +56,8 @@ def step_kind(env_name, demo):
         return "search"
     if re.match(r"click\[(b0|item\d)", demo):
         return "product"
-    return {"click[buy now]": "buy", "click[< prev]": "nav", "click[next >]": "nav",
-            "click[back to search]": "nav"}.get(demo, "option")
+    return {"click[buy now]": "buy", "click[< prev]": "nav", "click[next >]": "nav", "click[back to search]": "nav",
+            "click[description]": "info", "click[features]": "info", "click[reviews]": "info"}.get(demo, "option")
 
 
 def play(policy, cfg, split, seeds):
@@ -68,7 +68,7 @@ def play(policy, cfg, split, seeds):
         out = policy.act(prompts, admissible, cfg.eval_temperature)
         for (_, action, _), env in zip(out, environments):
             demo = env.searching_action()
-            log.append((step_kind(cfg.env, demo), action == demo))
+            log.append((step_kind(cfg.env, demo), action == demo, step_kind(cfg.env, action)))
         return out
     with rspo.own_rng(cfg.seed + rspo.EVAL_SEED_OFFSET, policy.device):   # rspo.evaluate's stream
         trajs = rspo.rollout(policy, cfg, seeds, split, cfg.eval_temperature, act=act, group_size=1)
@@ -120,11 +120,14 @@ def main():
         trajs, log = play(policy, cfg, split, seeds)
         print(f"{split}: success {100 * np.mean([t.won for t in trajs]):.1f} % of {len(trajs)}, "
               f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}")
-        by_kind = collections.defaultdict(list)
-        for kind, same in log:
+        by_kind, took = collections.defaultdict(list), collections.defaultdict(collections.Counter)
+        for kind, same, own in log:
             by_kind[kind].append(same)
+            took[kind][own] += 1
         print("  same action as the demonstrator, by its kind of step: " + ", ".join(
             f"{k} {100 * np.mean(v):.0f} % of {len(v)}" for k, v in sorted(by_kind.items())))
+        print("  the policy's kind of step where the demonstrator's was: " + "; ".join(
+            f"{k}: " + ", ".join(f"{o} {n}" for o, n in c.most_common()) for k, c in sorted(took.items())))
         if a.env == "alfworld":
             for what, n in sorted(alfworld_failures(trajs, split).items(), key=lambda kv: -kv[1]):
                 print(f"  {n:4d}  {what}")
