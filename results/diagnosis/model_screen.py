@@ -66,9 +66,7 @@ class AliasedResults:
             self.to_asin = {v: k for k, v in self.to_alias.items()}
             for c, alias in self.to_alias.items():
                 obs = obs.replace(c.upper(), alias)
-        adm = [f"click[{self.to_alias[a[6:-1]]}]" if a[6:-1] in self.to_alias else a
-               for a in info["admissible_actions"]]
-        return obs, {**info, "admissible_actions": adm}
+        return obs, {**info, "admissible_actions": [self._alias(a) for a in info["admissible_actions"]]}
 
     def _alias(self, action):
         return f"click[{self.to_alias[action[6:-1]]}]" if action[6:-1] in self.to_alias else action
