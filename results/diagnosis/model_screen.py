@@ -45,6 +45,11 @@ VARIANTS = {
 ALIASES = [f"item{k}" for k in range(1, 11)]   # a results page lists at most 10 products
 
 
+def clicked(action):
+    """What a WebShop action clicks ('click[x]' -> 'x'), or None for any other action."""
+    return action[len("click["):-1] if action.startswith("click[") else None
+
+
 class AliasedResults:
     """A copy-friendly rendering of WebShop's results pages, on the policy's side only: the wrapped env is
     unchanged, but what the policy reads and clicks names the page's products by position (item1 for the first
@@ -59,7 +64,7 @@ class AliasedResults:
         return getattr(self.env, name)
 
     def _render(self, obs, info):
-        clicks = [a[len("click["):-1] for a in info["admissible_actions"] if a.startswith("click[")]
+        clicks = [clicked(a) for a in info["admissible_actions"] if clicked(a)]
         listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
         if listed:                    # a results page: new names; elsewhere no product is clickable
             self.to_alias = {c: alias for alias, (_, c) in zip(ALIASES, listed)}
@@ -69,14 +74,14 @@ class AliasedResults:
         return obs, {**info, "admissible_actions": [self._alias(a) for a in info["admissible_actions"]]}
 
     def _alias(self, action):
-        return f"click[{self.to_alias[action[6:-1]]}]" if action[6:-1] in self.to_alias else action
+        return f"click[{self.to_alias[clicked(action)]}]" if clicked(action) in self.to_alias else action
 
     def reset(self):
         return self._render(*self.env.reset())
 
     def step(self, action):
-        if action.startswith("click[") and action[6:-1] in self.to_asin:
-            action = f"click[{self.to_asin[action[6:-1]]}]"
+        if clicked(action) in self.to_asin:
+            action = f"click[{self.to_asin[clicked(action)]}]"
         obs, reward, done, info = self.env.step(action)
         obs, info = self._render(obs, info)
         return obs, reward, done, info
@@ -93,7 +98,6 @@ def alias_results():
     make, vocab = rspo.envs.make_env, rspo.tiny_vocabulary
     rspo.envs.make_env = lambda *a, **k: AliasedResults(make(*a, **k))
     rspo.tiny_vocabulary = lambda *a, **k: vocab(*a, **k) + ALIASES
-
 
 
 def builder(arch, hidden, layers, heads):
