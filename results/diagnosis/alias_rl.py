@@ -1,0 +1,21 @@
+"""Probe (issue 13, WebShop): does GRPO learn WebShop once the product click is learnable? The main settings'
+WebShop command (scripts/reproduce.py SETTINGS, GRPO, outcome) with the results pages rendered on the policy's side
+as item1, item2, ... (model_screen.AliasedResults: the env's text, rules and rewards unchanged, clicks mapped back to
+the ASIN). Writes an ordinary run directory; its line 0 is the aliased warm start (model_screen.py ws_h128_alias).
+
+    python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_s0      # seed, output directory
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", ".."), os.path.join(HERE, "..", "..", "scripts")]
+import model_screen  # noqa: E402
+import reproduce  # noqa: E402
+import rspo  # noqa: E402
+
+if __name__ == "__main__":
+    seed, out = sys.argv[1:3]
+    model_screen.alias_results()
+    rspo.main([*reproduce.SETTINGS["webshop"], "--algo", "grpo", "--method", "outcome", "--seed", seed,
+               "--output-dir", out, "--no-save-model", "--no-progress"])
