@@ -4,6 +4,7 @@ as item1, item2, ... (model_screen.AliasedResults: the env's text, rules and rew
 the ASIN). Writes an ordinary run directory; its line 0 is the aliased warm start (model_screen.py ws_h128_alias).
 
     python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_s0      # seed, output directory
+    python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_e8_s0 --warm-start-epochs 8   # then rspo.py flags to override
 """
 import os
 import sys
@@ -15,7 +16,7 @@ import reproduce  # noqa: E402
 import rspo  # noqa: E402
 
 if __name__ == "__main__":
-    seed, out = sys.argv[1:3]
+    seed, out, *extra = sys.argv[1:]
     model_screen.alias_results()
     rspo.main([*reproduce.SETTINGS["webshop"], "--algo", "grpo", "--method", "outcome", "--seed", seed,
-               "--output-dir", out, "--no-save-model", "--no-progress"])
+               "--output-dir", out, "--no-save-model", "--no-progress", *extra])

@@ -8,9 +8,13 @@ the compact template, or the tokenizer) in this process only.
     python results/diagnosis/model_screen.py h128 --epochs 4     # rspo.py's tiny model since then
     python results/diagnosis/model_screen.py ws_h128_lower --epochs 3   # WebShop, a lower-cased vocabulary
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 3   # WebShop, results named item1, item2, ...
+    python results/diagnosis/model_screen.py ws_h128_alias --epochs 8 --demos 3000   # more demonstrations
 
-One JSON line per run to model_screen.jsonl: the variant, its parameters, and per epoch the token-mean NLL, held-out
-success on both splits and seconds since the demonstrations were played.
+One JSON line per run to model_screen.jsonl: the variant, its parameters, the number of demonstrations, and per
+epoch the token-mean NLL, held-out success on both splits, seconds since the demonstrations were played, and
+`demo_prob`: the policy's mean probability (T = 1, under the decoding constraint) of the demonstrator's action on
+the demonstrator's own held-out episodes (the first held-out split's first 256 tasks), by the kind of step
+(failures.step_kind) -- which decision the imitation has learned, without sampling.
 """
 import argparse
 import json
@@ -64,9 +68,11 @@ class AliasedResults:
         return getattr(self.env, name)
 
     def _render(self, obs, info):
-        clicks = [clicked(a) for a in info["admissible_actions"] if clicked(a)]
-        listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
-        if listed:                    # a results page: new names; elsewhere no product is clickable
+        if self.env.page == "results":   # new names; elsewhere no product is clickable
+            # (an item page's letter-less option values, shoe sizes '7'...'12', also read the same upper-cased:
+            # before 2026-12-02 17:00 they were renamed too, on 43 of the 1,000 products' pages)
+            clicks = [clicked(a) for a in info["admissible_actions"] if clicked(a)]
+            listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
             self.to_alias = {c: alias for alias, (_, c) in zip(ALIASES, listed)}
             self.to_asin = {v: k for k, v in self.to_alias.items()}
             for c, alias in self.to_alias.items():
@@ -118,11 +124,25 @@ def builder(arch, hidden, layers, heads):
     return build
 
 
+def demo_prob(policy, steps, cfg):
+    """Mean probability the policy gives the demonstrator's action, by the kind of step, at T = 1."""
+    by_kind = {}
+    policy.agent.eval()
+    with torch.no_grad():
+        for i in range(0, len(steps), cfg.micro_batch_size):
+            chunk = steps[i:i + cfg.micro_batch_size]
+            logp, _, _, _ = policy.forward(chunk, 1.0)
+            for s, lp in zip(chunk, logp.sum(-1).exp().tolist()):
+                by_kind.setdefault(failures.step_kind(cfg.env, s.action), []).append(lp)
+    return {k: round(float(np.mean(v)), 3) for k, v in sorted(by_kind.items())}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("variant", choices=sorted(VARIANTS))
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--demos", type=int, default=1000, help="demonstration episodes (rspo.py's --warm-start)")
     args = p.parse_args()
     arch, hidden, layers, heads, template = VARIANTS[args.variant]
     rspo.build_tiny_model = builder(arch, hidden, layers, heads)
@@ -136,7 +156,7 @@ def main():
            if args.variant.startswith("ws_") else
            ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
     cfg = rspo.validate(rspo.build_parser().parse_args(
-        [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", "1000", "--no-progress"]))
+        [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", str(args.demos), "--no-progress"]))
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -147,6 +167,8 @@ def main():
     trajs = rspo.rollout(policy, cfg, range(cfg.warm_start), group_size=1,
                          act=rspo.expert_actor(policy, 0.0, None, searching=True))
     steps = [s for t in trajs for s in t.steps]
+    held = [s for t in rspo.rollout(policy, cfg, range(256), cfg.eval_split.split(",")[0], group_size=1,
+                                    act=rspo.expert_actor(policy, 0.0, None, searching=True)) for s in t.steps]
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
     generator, lengths, curve = torch.Generator().manual_seed(cfg.seed + 40_000), rspo.sequence_lengths(steps), []
     for epoch in range(1, args.epochs + 1):
@@ -165,10 +187,10 @@ def main():
         success = {split: ev[f"{'eval' if i == 0 else 'eval_' + split}/success"]   # rspo.evaluate's keys
                    for i, split in enumerate(cfg.eval_split.split(","))}
         curve.append({"epoch": epoch, "nll": float(np.mean(nll)), **success, "score": ev["eval/score"],
-                      "seconds": time.time() - start})
+                      "seconds": time.time() - start, "demo_prob": demo_prob(policy, held, cfg)})
         print(args.variant, curve[-1], flush=True)
     with open(os.path.join(HERE, "model_screen.jsonl"), "a") as f:
-        f.write(json.dumps({"variant": args.variant, "seed": args.seed,
+        f.write(json.dumps({"variant": args.variant, "seed": args.seed, "demos": args.demos,
                             "parameters": sum(q.numel() for q in policy.agent.lm.parameters()), "curve": curve}) + "\n")
 
 
