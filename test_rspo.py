@@ -2242,6 +2242,7 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     # against another method than the base algorithm: seed 0 only, .99 - .50
     text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo", "rspo_progress"))
     assert "| seed | rspo_progress+grpo | rspo+grpo |" in text and "| 0 | 50.0 | 99.0 | +49.0 |" in text
+    assert "**+49.0 [one seed: no interval]**" in text and "nan" not in text
     # a Table 2 ablation (experiment ablations) against main's full method: seed 0 only, .30 - .99
     rows.append(row("rspo_h", 0, 0.30, experiment="ablations"))
     text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo_h", "rspo"))

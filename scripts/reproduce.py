@@ -375,7 +375,8 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
     summary = []
     for d in diffs.values():
         m, lo, hi = paired_interval(d)
-        summary.append(f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+        summary.append(f"{100 * m:+.1f} " + ("[one seed: no interval]" if math.isnan(lo) else
+                                              f"[{100 * lo:+.1f}, {100 * hi:+.1f}]"))
     summary[0] = f"**{summary[0]}**"
     lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
                   f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
