@@ -68,9 +68,9 @@ class AliasedResults:
         return getattr(self.env, name)
 
     def _render(self, obs, info):
-        if self.env.page == "results":   # new names; elsewhere no product is clickable
-            # (an item page's letter-less option values, shoe sizes '7'...'12', also read the same upper-cased:
-            # before 2026-12-02 17:00 they were renamed too, on 43 of the 1,000 products' pages)
+        # Only a results page lists products; on an item page letter-less option values (shoe sizes) would also
+        # match their upper-cased text.
+        if self.env.page == "results":
             clicks = [clicked(a) for a in info["admissible_actions"] if clicked(a)]
             listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
             self.to_alias = {c: alias for alias, (_, c) in zip(ALIASES, listed)}
@@ -124,16 +124,19 @@ def builder(arch, hidden, layers, heads):
     return build
 
 
+def step_probs(policy, steps, chunk):
+    """The policy's probability of each step's recorded response in its state (T = 1, the decoding constraint)."""
+    policy.agent.eval()
+    with torch.no_grad():
+        return [p for i in range(0, len(steps), chunk)
+                for p in policy.forward(steps[i:i + chunk], 1.0)[0].sum(-1).exp().tolist()]
+
+
 def demo_prob(policy, steps, cfg):
     """Mean probability the policy gives the demonstrator's action, by the kind of step, at T = 1."""
     by_kind = {}
-    policy.agent.eval()
-    with torch.no_grad():
-        for i in range(0, len(steps), cfg.micro_batch_size):
-            chunk = steps[i:i + cfg.micro_batch_size]
-            logp, _, _, _ = policy.forward(chunk, 1.0)
-            for s, lp in zip(chunk, logp.sum(-1).exp().tolist()):
-                by_kind.setdefault(failures.step_kind(cfg.env, s.action), []).append(lp)
+    for s, p in zip(steps, step_probs(policy, steps, cfg.micro_batch_size)):
+        by_kind.setdefault(failures.step_kind(cfg.env, s.action), []).append(p)
     return {k: round(float(np.mean(v)), 3) for k, v in sorted(by_kind.items())}
 
 

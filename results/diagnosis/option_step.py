@@ -28,8 +28,7 @@ def action_probs(policy, step):
     """The policy's probability of each admissible action in the step's state."""
     rows = [rspo.Step(step.prompt_ids, policy.action_ids(a) + [policy.tok.eos_token_id], step.admissible, step.obs,
                       a, 0.0, False) for a in step.admissible]
-    logp, _, _, _ = policy.forward(rows, 1.0)
-    return dict(zip(step.admissible, logp.sum(-1).exp().tolist()))
+    return dict(zip(step.admissible, model_screen.step_probs(policy, rows, len(rows))))
 
 
 def main():
@@ -49,28 +48,26 @@ def main():
           f"{seconds:.0f} s")
     trajs = rspo.rollout(policy, cfg, range(256), "test", group_size=1,
                          act=rspo.expert_actor(policy, 0.0, None, searching=True))
-    policy.agent.eval()
     table = collections.defaultdict(lambda: collections.defaultdict(list))
-    with torch.no_grad():
-        for t in trajs:
-            env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, max_steps=10)
-            env.reset()
-            for s in t.steps:
-                if failures.step_kind("webshop", s.action) == "option":
-                    groups = env.env._product()["options"]
-                    value = model_screen.clicked(s.action)
-                    group = next(vs for vs in groups.values() if value in vs)
-                    prob = action_probs(policy, s)
-                    values = {f"click[{v}]" for vs in groups.values() for v in vs}
-                    row = table["first option" if not env.env.options else "second option"]
-                    row["demonstrator's value"].append(prob[s.action])
-                    row["other values"].append(sum(prob[v] for v in values if v != s.action))
-                    row["buy now"].append(prob["click[buy now]"])
-                    row["navigation"].append(sum(prob.get(f"click[{n}]", 0.0) for n in ("< prev", "back to search")))
-                    in_group = [prob[f"click[{v}]"] for v in group]
-                    row["copy accuracy"].append(float(prob[s.action] == max(in_group)))
-                    row["chance"].append(1 / len(group))
-                env.step(s.action)
+    for t in trajs:
+        env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, max_steps=10)
+        env.reset()
+        for s in t.steps:
+            if failures.step_kind("webshop", s.action) == "option":
+                groups = env.env._product()["options"]
+                value = model_screen.clicked(s.action)
+                group = next(vs for vs in groups.values() if value in vs)
+                prob = action_probs(policy, s)
+                values = {f"click[{v}]" for vs in groups.values() for v in vs}
+                row = table["first option" if not env.env.options else "second option"]
+                row["demonstrator's value"].append(prob[s.action])
+                row["other values"].append(sum(prob[v] for v in values if v != s.action))
+                row["buy now"].append(prob["click[buy now]"])
+                row["navigation"].append(sum(prob.get(f"click[{n}]", 0.0) for n in ("< prev", "back to search")))
+                in_group = [prob[f"click[{v}]"] for v in group]
+                row["copy accuracy"].append(float(prob[s.action] == max(in_group)))
+                row["chance"].append(1 / len(group))
+            env.step(s.action)
     for situation, row in table.items():
         print(f"{situation} ({len(row['chance'])} steps): " + ", ".join(
             f"{k} {np.mean(v):.3f}" for k, v in row.items()))
