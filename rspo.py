@@ -39,6 +39,7 @@ import string
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -627,11 +628,12 @@ def replay_diagnostics(behav_logp, old_logp):
             "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
 
 
-def novel_win_share(replayed, own_wins):
-    """Share of the replayed successful episodes on task types A's own rollouts have never won (own_wins:
-    counts "train/wins/<type>"): where the explorer leads A. None when nothing replayed was won."""
-    won = [t for t in replayed if t.won]
-    return float(np.mean([own_wins.get(f"train/wins/{t.task_type}", 0) == 0 for t in won])) if won else None
+def novel_win_share(replayed_wins, own_wins):
+    """Share of the replayed successes on task types A's own rollouts have not won yet: where the explorer leads
+    A. replayed_wins: {type: successful episodes in this update's replayed groups}; own_wins: A's running totals
+    "train/wins/<type>", this update's rollouts included. None when nothing replayed was won."""
+    won = sum(replayed_wins.values())
+    return sum(n for kind, n in replayed_wins.items() if not own_wins.get(f"train/wins/{kind}")) / won if won else None
 
 
 def count_wins(counts, trajs, prefix):
@@ -650,11 +652,11 @@ def batch_stats(cfg, state, trajs, replay):
     if replay:
         stats.update({"buffer/success": float(np.mean([t.won for t in replayed])),
                       "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in replay]))})
-    novel = novel_win_share(replayed, state.wins)
+    state.seen_states.update(s.obs for t in trajs for s in t.steps)
+    count_wins(state.wins, trajs, "train")   # first: a type A wins in this very update is not one B leads it to
+    novel = novel_win_share(Counter(t.task_type for t in replayed if t.won), state.wins)
     if novel is not None:
         stats["buffer/novel_type_wins"] = novel
-    state.seen_states.update(s.obs for t in trajs for s in t.steps)
-    count_wins(state.wins, trajs, "train")
     count_wins(state.wins, replayed, "buffer")
     return {**stats, "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items()))}
 

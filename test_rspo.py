@@ -271,11 +271,21 @@ def test_replay_diagnostics_by_hand():
 
 
 def test_novel_win_share_counts_replayed_wins_on_types_a_never_won():
-    traj = _typed
     own = {"train/wins/heat": 3, "train/wins/look": 0}
-    replayed = [traj("heat", True), traj("look", True), traj("clean", True), traj("clean", False), traj("cool", False)]
-    assert rspo.novel_win_share(replayed, own) == pytest.approx(2 / 3)   # look (0 wins) and clean (never played)
-    assert rspo.novel_win_share([traj("heat", False)], own) is None
+    # 1 heat (won by A) + 2 look (0 wins) + 1 clean (never played): 3 of 4 on types A has not won
+    assert rspo.novel_win_share({"heat": 1, "look": 2, "clean": 1}, own) == pytest.approx(3 / 4)
+    assert rspo.novel_win_share({"heat": 0}, own) is None
+
+
+def test_batch_stats_counts_a_own_wins_of_the_same_update_before_the_novel_share():
+    # Update 1: A wins heat in its own rollouts, the replayed groups win heat and look. Only look is a type A has
+    # not won, this update included: 1 of 2 (counting A's wins after the share gave 2 of 2 at every first update).
+    state = rspo.TrainState(np.random.default_rng(0), torch.Generator(), {})
+    own = [_typed("heat", True), _typed("look", False)]
+    replay = [[_typed("heat", True), _typed("look", True), _typed("look", False)]]
+    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), state, own, replay)
+    assert stats["buffer/novel_type_wins"] == pytest.approx(1 / 2)
+    assert stats["train/wins/heat"] == 1 and stats["buffer/wins/look"] == 1
 
 
 def test_progress_dense_reward_is_the_progress_increment():
@@ -2212,6 +2222,18 @@ def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"upda\n{"update": 1}\n')
     with pytest.raises(ValueError, match="metrics.jsonl: line 2 "):
         reproduce.read_metrics(tmp_path)
+
+
+def test_novel_type_wins_is_recomputed_from_the_running_totals(reproduce):
+    # update 1: replayed wins heat 2, look 1; A has won heat (this update included): 1 of 3 on a type A has not won.
+    # update 2: replayed look 2 more; A has now won look: 0. update 3: nothing replayed won: no share.
+    # Mean over the updates with a share: (1/3 + 0) / 2. The logged value (1.0, the old definition) is not read.
+    records = [{"update": 0},
+               {"train/wins/heat": 1, "buffer/wins/heat": 2, "buffer/wins/look": 1, "buffer/novel_type_wins": 1.0},
+               {"train/wins/heat": 2, "train/wins/look": 1, "buffer/wins/heat": 2, "buffer/wins/look": 3},
+               {"train/wins/heat": 2, "train/wins/look": 1, "buffer/wins/heat": 2, "buffer/wins/look": 3}]
+    assert reproduce.novel_type_wins(records) == pytest.approx(1 / 6)
+    assert math.isnan(reproduce.novel_type_wins(records[:1]))
 
 
 def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monkeypatch):

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from rspo import novel_win_share   # noqa: E402 (the diagnostic's one definition)
 RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
 SAVE_EVERY = 3          # checkpoint every 3 updates of A: a batch cut off after hours resumes mid-run
@@ -233,6 +235,19 @@ def mean_of(records, key):
     return statistics.mean(values) if values else float("nan")
 
 
+def novel_type_wins(records):
+    """Mean over updates of rspo.novel_win_share, from the running totals train/wins/<type> and buffer/wins/<type>:
+    one definition for every run, also those logged when the share was taken before A's own wins of the same
+    update were counted (which made every first update's share 1)."""
+    shares, before = [], {}
+    for r in records:
+        totals = {k: v for k, v in r.items() if k.startswith("buffer/wins/")}
+        share = novel_win_share({k.split("/")[2]: v - before.get(k, 0) for k, v in totals.items()}, r)
+        shares += [] if share is None else [share]
+        before.update(totals)
+    return statistics.mean(shares) if shares else float("nan")
+
+
 def final_rows(results):
     """One row per complete run under the directory `results`. Costs count everything a user pays: A, the
     explorer B and the progress estimator's fit (data collection + training; shared by the runs of one env
@@ -275,7 +290,8 @@ def final_rows(results):
                 **({"unseen_success": last["eval_valid_unseen/success"]} if "eval_valid_unseen/success" in last else {}),
                 # how far the explorer is from A on the replayed tokens (runs logged before rspo.py had them: none)
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
-                   "buffer/clip_centre_p90", "buffer/novel_type_wins") if any(k in r for r in records)},
+                   "buffer/clip_centre_p90") if any(k in r for r in records)},
+                **({"novel_type_wins": novel_type_wins(records)} if any("buffer/novel_type_wins" in r for r in records) else {}),
                 "path": os.path.relpath(path, ROOT)})
     return rows
 
@@ -423,7 +439,7 @@ def diagnostics_table(rows, experiments):
     """One row per (env, algo, method); the explorer's distance from A only where runs logged it."""
     kl = any("explorer_kl" in r for r in rows)
     head = ["env", "algo", "method", "A's training success", "explorer success", "buffer groups with a success",
-            *(["KL(B ‖ A) per token", "clip centre p10 / p90", "replayed wins on types A never won"] if kl else []),
+            *(["KL(B ‖ A) per token", "clip centre p10 / p90", "replayed wins on types A had not won (%)"] if kl else []),
             "distinct states (A)", "env steps A / B / estimator", "seconds A / B / estimator"]
     lines = []
     for (env, algo, method), rs in groups(rows, experiments).items():
