@@ -2271,14 +2271,21 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     assert "| seed | rspo+grpo | rspo_h+grpo |" in text and "| 0 | 99.0 | 30.0 | -69.0 |" in text
 
 
-def test_table2_comparisons_are_registered_before_their_runs(reproduce):
+def test_later_comparisons_are_registered_before_their_runs(reproduce):
     """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
-    full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO."""
+    full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO;
+    pre-registration 6 of this regime (results/README.md) likewise."""
     for m in reproduce.EXPERIMENTS["ablations"][0]:
         assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED_H64)
     assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
     for m in reproduce.EXPERIMENTS["sweeps"][0]:
         assert ("alfworld", "grpo", m, "rspo") in reproduce.REGISTERED_H64
+    # and pre-registration 6 of this regime (results/README.md): the ablations, Figure 3, Table 1's WebShop rows
+    for m in reproduce.EXPERIMENTS["ablations"][0]:
+        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED)
+    for env in ("alfworld", "webshop"):
+        assert {(env, "grpo", "dense", "outcome"), (env, "grpo", "dense_progress", "rspo_progress")} <= set(reproduce.REGISTERED)
+    assert {("webshop", a, "rspo_progress", "outcome") for a in ("gigpo", "ppo")} <= set(reproduce.REGISTERED)
 
 
 def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):

@@ -343,7 +343,12 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome"),
               ("alfworld", "grpo", "rspo", "outcome"), ("alfworld", "grpo", "rspo_envdense", "outcome"),
-              *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")]]
+              *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")],
+              # pre-registration 6: Figure 3 (dense reward only), Table 2's ablations, Table 1's WebShop rows
+              *[(env, "grpo", m, base) for env in ("alfworld", "webshop") for m, base in
+                (("dense", "outcome"), ("dense_progress", "outcome"), ("dense_progress", "rspo_progress"))],
+              *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")],
+              ("webshop", "gigpo", "rspo_progress", "outcome"), ("webshop", "ppo", "rspo_progress", "outcome")]
 # Those of the hidden-64 regime (results/archive_h64/README.md, pre-registrations 1-4), so its tables regenerate
 REGISTERED_H64 = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
               ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
