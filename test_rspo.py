@@ -2271,6 +2271,27 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     assert "| seed | rspo+grpo | rspo_h+grpo |" in text and "| 0 | 99.0 | 30.0 | -69.0 |" in text
 
 
+def test_equal_cost_table_pairs_rspo_with_the_longer_grpo_run_at_its_cost(reproduce, tmp_path):
+    def run(name, evals):   # (update, success, A's env steps, A's seconds) per evaluation
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(
+            {"update": u, "eval/success": x, "env_steps/A": n, "time/A_seconds": t}) + "\n" for u, x, n, t in evals))
+        return str(tmp_path / name)
+    long = {0: run("s0", [(0, .40, 0, 0), (10, .50, 150, 50), (20, .58, 300, 120), (30, .70, 450, 180)]),
+            200: run("s200", [(0, .30, 0, 0), (10, .40, 200, 60), (20, .52, 400, 90)])}
+    rows = [{"experiment": e, "env": "alfworld", "algo": "grpo", "method": m, "seed": seed, "success": x,
+             "env_steps_total": 300, "wall_seconds": 100, "path": long[seed]}
+            for seed, rspo_x, grpo_x in ((0, .60, .55), (200, .50, .45))
+            for e, m, x in (("main", "rspo_progress", rspo_x), ("main", "outcome", grpo_x), ("equal_cost", "outcome_long", 0))]
+    text = "\n".join(reproduce.equal_cost_table(rows))
+    # seed 0: within 300 env steps GRPO's last evaluation is update 20 (58 %), within 100 s update 10 (50 %);
+    # seed 200: update 10 (40 %), and the whole run (52 %, update 20 at 90 s)
+    assert "| alfworld | rspo_progress | 0 | 60.0 | 300 | 55.0 | 58.0 (20) | 100 | 50.0 (10) |" in text
+    assert "| alfworld | rspo_progress | 200 | 50.0 | 300 | 45.0 | 40.0 (10) | 100 | 52.0 (20, whole run) |" in text
+    # RSPO - GRPO: env steps +2, +10 -> +6.0 +- 12.706 x 5.657 / sqrt 2 = 50.8; seconds +10, -2 -> +4.0 +- 76.2
+    assert "| mean Δ RSPO − GRPO (n = 2) |  |  |  | +6.0 [-44.8, +56.8] |  | +4.0 [-72.2, +80.2] |" in text
+
+
 def test_later_comparisons_are_registered_before_their_runs(reproduce):
     """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
     full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO;

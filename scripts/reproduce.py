@@ -370,6 +370,14 @@ def paired_interval(diffs):
     return m, m - half, m + half
 
 
+def interval_text(diffs):
+    """'+m [+lo, +hi]' in points for paired differences given as fractions; '–' for none."""
+    if not diffs:
+        return "–"
+    m, lo, hi = paired_interval(diffs)
+    return f"{100 * m:+.1f} " + ("[one seed: no interval]" if math.isnan(lo) else f"[{100 * lo:+.1f}, {100 * hi:+.1f}]")
+
+
 def last_evaluations(row, n=3):
     """Mean held-out success over a run's last n evaluations (a less noisy end point)."""
     evals = [r["eval/success"] for r in read_metrics(os.path.join(ROOT, row["path"])) if "eval/success" in r]
@@ -393,11 +401,7 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
     diffs = {k: [f(r) - f(base[r["seed"]]) for r in rs] for k, f in ends.items()}
     lines = [[str(r["seed"]), f"{100 * base[r['seed']]['success']:.1f}", f"{100 * r['success']:.1f}",
               *[f"{100 * d[i]:+.1f}" for d in diffs.values()]] for i, r in enumerate(rs)]
-    summary = []
-    for d in diffs.values():
-        m, lo, hi = paired_interval(d)
-        summary.append(f"{100 * m:+.1f} " + ("[one seed: no interval]" if math.isnan(lo) else
-                                              f"[{100 * lo:+.1f}, {100 * hi:+.1f}]"))
+    summary = [interval_text(d) for d in diffs.values()]
     summary[0] = f"**{summary[0]}**"
     lines.append([f"mean (n = {len(rs)})", f"{100 * statistics.mean(base[r['seed']]['success'] for r in rs):.1f}",
                   f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
@@ -505,13 +509,15 @@ def at_cost(records, key, budget):
 
 
 def equal_cost_table(rows):
-    """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used.
-    RSPO's cost includes the estimator's fit, shared by the runs of one env and seed but charged in full."""
+    """RSPO+GRPO against GRPO given the same total env steps, or the same total seconds, as RSPO used, per seed;
+    then per env and RSPO method the mean paired difference RSPO - GRPO at equal cost with its 95 % interval
+    (pre-registration 6). RSPO's cost includes the estimator's fit, shared by the runs of one env and seed but
+    charged in full."""
     methods = [m for m in ("rspo", "rspo_progress") if any(r["method"] == m for r in rows)]
     named = methods != ["rspo"]   # the method column only where there is more than the learned source (archive)
     head = ["env", *(["RSPO method"] if named else []), "seed", "RSPO success", "RSPO env steps",
             "GRPO at equal A updates", "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
-    lines = []
+    lines, diffs = [], defaultdict(lambda: ([], []))   # (env, method) -> RSPO - GRPO at equal env steps, seconds
     for r in [r for r in rows if r["experiment"] == "main" and r["algo"] == "grpo" and r["method"] in methods]:
         long = [x for x in rows if x["experiment"] == "equal_cost" and x["env"] == r["env"] and x["seed"] == r["seed"]]
         base = [x for x in rows if x["experiment"] == "main" and x["env"] == r["env"] and x["seed"] == r["seed"]
@@ -526,6 +532,11 @@ def equal_cost_table(rows):
                 (", whole run)" if x["update"] == records[-1]["update"] else ")")
         lines.append([r["env"], *([r["method"]] if named else []), str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
                       f"{100 * base[0]['success']:.1f}", show(by_steps), f"{r['wall_seconds']:.0f}", show(by_time)])
+        for d, x in zip(diffs[r["env"], r["method"]], (by_steps, by_time)):
+            d += [] if x is None else [r["success"] - x["eval/success"]]
+    for (env, method), (steps, secs) in diffs.items():
+        lines.append([env, *([method] if named else []), f"mean Δ RSPO − GRPO (n = {len(steps)})", "", "", "",
+                      interval_text(steps), "", interval_text(secs)])
     return table(head, lines)
 
 
