@@ -2292,6 +2292,30 @@ def test_equal_cost_table_pairs_rspo_with_the_longer_grpo_run_at_its_cost(reprod
     assert "| mean Δ RSPO − GRPO (n = 2) |  |  |  | +6.0 [-44.8, +56.8] |  | +4.0 [-72.2, +80.2] |" in text
 
 
+def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(reproduce, tmp_path):
+    """Pre-registration 6's rule for Figure 3, by hand: final >= 10 points below the best evaluation and the mean dense
+    return of the last 10 updates above the first 10's."""
+    def run(name, evals, returns):   # evals: {update: success}; returns: the dense return of updates 1, 2, ...
+        (tmp_path / name).mkdir()
+        recs = [{"update": 0, "eval/success": evals[0]}] + [
+            {"update": u, "train/dense_return": x, **({"eval/success": evals[u]} if u in evals else {})}
+            for u, x in enumerate(returns, 1)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return str(tmp_path / name)
+    climbing = [0.1] * 10 + [0.5] * 10            # first 10: 0.1, last 10: 0.5
+    flat_drop = [0.3] * 5 + [0.2] * 10 + [0.3] * 5   # first 10: 0.25, last 10: 0.25 -> not above
+    paths = {0: run("s0", {0: .40, 10: .60, 20: .50}, climbing),      # exactly 10 points below the best: shape
+             200: run("s200", {0: .40, 10: .60, 20: .51}, climbing),  # 9 points: no
+             400: run("s400", {0: .40, 10: .70, 20: .30}, flat_drop)}  # falls, but the return does not climb: no
+    rows = [{"experiment": "dense", "env": "alfworld", "algo": "grpo", "method": "dense", "seed": seed, "path": p}
+            for seed, p in paths.items()]
+    text = "\n".join(reproduce.shape_table(rows))
+    assert "| alfworld | dense | 0 | 60.0 (10) | 50.0 | 0.100 | 0.500 | yes |" in text
+    assert "| alfworld | dense | 200 | 60.0 (10) | 51.0 | 0.100 | 0.500 | no |" in text
+    assert "| alfworld | dense | 400 | 70.0 (10) | 30.0 | 0.250 | 0.250 | no |" in text
+    assert "| alfworld | dense | 1 of 3 seeds |" in text
+
+
 def test_later_comparisons_are_registered_before_their_runs(reproduce):
     """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
     full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO;

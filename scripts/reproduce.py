@@ -540,6 +540,32 @@ def equal_cost_table(rows):
     return table(head, lines)
 
 
+def papers_shape(records, drop=0.10, window=10):
+    """Figure 3's shape in one dense-only run (pre-registration 6): the final held-out success at least `drop` below
+    the run's best evaluation while the mean dense return per episode of the last `window` updates is above that of
+    the first `window`. Returns (best evaluation's record, final success, first dense return, last, shape?)."""
+    evals = [x for x in records if "eval/success" in x]
+    ret = [x["train/dense_return"] for x in records if "train/dense_return" in x]
+    best = max(evals, key=lambda x: x["eval/success"])   # the first of equals
+    first, last = statistics.mean(ret[:window]), statistics.mean(ret[-window:])
+    final = evals[-1]["eval/success"]
+    return best, final, first, last, round(best["eval/success"] - final, 9) >= drop and last > first
+
+
+def shape_table(rows):
+    """Figure 3's shape (papers_shape) per dense-only run, and per env and dense source how many seeds show it."""
+    head = ["env", "dense source", "seed", "best (update)", "final", "dense return, first 10 updates", "last 10",
+            "the paper's shape"]
+    lines = []
+    for (env, _, method), rs in groups(rows, {"dense"}).items():
+        shapes = [papers_shape(read_metrics(os.path.join(ROOT, r["path"]))) for r in rs]
+        for r, (best, final, first, last, shape) in zip(rs, shapes):
+            lines.append([env, method, str(r["seed"]), f"{100 * best['eval/success']:.1f} ({best['update']})",
+                          f"{100 * final:.1f}", f"{first:.3f}", f"{last:.3f}", "yes" if shape else "no"])
+        lines.append([env, method, f"{sum(s[-1] for s in shapes)} of {len(shapes)} seeds", "", "", "", "", ""])
+    return table(head, lines) if lines else []
+
+
 def tables(rows, registered=()):
     """tables.md: the pre-registered comparisons `registered` (REGISTERED for results/, REGISTERED_H64 for
     results/archive_h64; none for results/archive, whose runs predate the registration), then every experiment's table."""
@@ -562,6 +588,10 @@ def tables(rows, registered=()):
            "or total seconds; in brackets the updates of A it had made by then.", "",
            *equal_cost_table(rows),
            "## Dense reward only (Figure 3)", "", *results_table(rows, {"dense"}, ("outcome",)),
+           "The paper's shape per run (the rule of results/README.md's pre-registration 6): the final held-out success",
+           "at least 10 points below the run's best evaluation while the mean dense return per episode of the last 10",
+           "updates is above that of the first 10.", "",
+           *shape_table(rows),
            "## Ablations (Table 2)", "", *results_table(rows, {"ablations"}, ("outcome", "rspo")),
            "## Sweeps of RSPO's knobs within the paper's ranges", "", *results_table(rows, {"sweeps"}, ("outcome", "rspo"))]
     return "\n".join(out)
