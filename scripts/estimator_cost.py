@@ -6,9 +6,10 @@
 
 The policy is warm-started once (as every run does), then the estimator is fitted once per variant from that same
 starting policy (the fit has its own RNG streams and leaves the policy untouched). Printed per variant: the CPU
-seconds of the data collection and of the fit (process time with one torch thread: on an otherwise idle machine
-this is the wall time; on a loaded one the wall time is not), the tokens per step the estimator reads, and the
-fit's held-out loss, sum error and per-step correlation with the progress increments.
+seconds of the data collection and of the fit (process time: with one torch thread on an otherwise idle machine
+this is the wall time; on a loaded one the wall time is not), the fit's wall seconds (with `--threads 2` in a
+variant, the fit runs on two threads: compare wall seconds on an idle machine), the tokens per step the estimator
+reads, and the fit's held-out loss, sum error and per-step correlation with the progress increments.
 """
 
 import os
@@ -39,17 +40,19 @@ def parse(argv):
 
 def fit_once(policy, argv):
     """Fit a fresh estimator for the run `argv` describes, from `policy`: (CPU seconds collecting, CPU seconds
-    fitting, env steps, mean tokens per step, the fit's stats)."""
+    fitting, wall seconds fitting, env steps, mean tokens per step, the fit's stats)."""
     cfg = rspo.validate(rspo.build_parser().parse_args(argv))
+    torch.set_num_threads(cfg.threads or torch.get_num_threads())
     dense = rspo.dense_source(policy, cfg)
-    fitting, fit = [0.0], rspo.fit_estimator
+    fitting, wall, fit = [0.0], [0.0], rspo.fit_estimator
 
     def timed_fit(*args, **kwargs):
-        start = time.process_time()
+        start, start_wall = time.process_time(), time.perf_counter()
         try:
             return fit(*args, **kwargs)
         finally:
             fitting[0] += time.process_time() - start
+            wall[0] += time.perf_counter() - start_wall
     rspo.fit_estimator = timed_fit
     try:
         cpu = time.process_time()
@@ -58,7 +61,7 @@ def fit_once(policy, argv):
     finally:
         rspo.fit_estimator = fit
     tokens = np.mean([len(s.prompt_ids) + len(s.response_ids) for t in dense.train + dense.heldout for s in t.steps])
-    return seconds - fitting[0], fitting[0], steps, tokens, stats
+    return seconds - fitting[0], fitting[0], wall[0], steps, tokens, stats
 
 
 def main(argv=None):
@@ -70,12 +73,12 @@ def main(argv=None):
     cpu = time.process_time()
     rspo.warm_start(policy, cfg)
     print(f"warm start: {time.process_time() - cpu:.0f} CPU s ({shlex.join(flags)})")
-    print("| variant | CPU s: collect | CPU s: fit | env steps | tokens / step | held-out loss | sum error | corr(progress) |"
-          " corr after step 1 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| variant | CPU s: collect | CPU s: fit | wall s: fit | env steps | tokens / step | held-out loss | sum error |"
+          " corr(progress) | corr after step 1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in variants:
-        collect, fitting, steps, tokens, s = fit_once(policy, flags + shlex.split(variant))
-        print(f"| {variant or '(defaults)'} | {collect:.0f} | {fitting:.0f} | {steps} | {tokens:.0f} | {s['prm/heldout_loss']:.3f} | "
+        collect, fitting, wall, steps, tokens, s = fit_once(policy, flags + shlex.split(variant))
+        print(f"| {variant or '(defaults)'} | {collect:.0f} | {fitting:.0f} | {wall:.0f} | {steps} | {tokens:.0f} | {s['prm/heldout_loss']:.3f} | "
               f"{s['prm/heldout_sum_error']:.3f} | {s['prm/heldout_corr_progress']:.3f} | "
               f"{s['prm/heldout_corr_progress_after_first']:.3f} |", flush=True)
 
