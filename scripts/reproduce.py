@@ -562,7 +562,7 @@ def shape_table(rows):
         for r, (best, final, first, last, shape) in zip(rs, shapes):
             lines.append([env, method, str(r["seed"]), f"{100 * best['eval/success']:.1f} ({best['update']})",
                           f"{100 * final:.1f}", f"{first:.3f}", f"{last:.3f}", "yes" if shape else "no"])
-        lines.append([env, method, f"{sum(s[-1] for s in shapes)} of {len(shapes)} seeds", "", "", "", "", ""])
+        lines.append([env, method, f"{sum(s[-1] for s in shapes)} of {len(shapes)} seed" + "s" * (len(shapes) > 1), "", "", "", "", ""])
     return table(head, lines) if lines else []
 
 
