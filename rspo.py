@@ -1864,7 +1864,8 @@ def main(argv=None, pretrained=None):
         start = time.time()
         last = train(cfg, policy, dense, log, checkpoint, out_dir)
     write_config()
-    print(f"{out_dir}: {cfg.updates} updates of A in {time.time() - start:.0f}s, "
+    resumed = f" (resumed at update {checkpoint['record']['update']})" if checkpoint else ""
+    print(f"{out_dir}: {cfg.updates} updates of A, {time.time() - start:.0f}s in this process{resumed}, "
           f"env steps A={last['env_steps/A']} B={last['env_steps/B']}")
     print(summary_table(records[0], last))
     if cfg.save_model:

@@ -580,7 +580,7 @@ def _metrics(path):
     return _strip_times([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()])
 
 
-def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
+def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch, capsys):
     """PPO (value head, Adam state), a KL reference to the warm-started policy, an entropy bonus (so A moves even
     with no success), dense noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
     cycle 2, then resumed: the metrics are those of the run that was never stopped, and of one that never
@@ -606,8 +606,11 @@ def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, m
         monkeypatch.setattr(rspo, "update", real_update)
         with open(out / "metrics.jsonl", "a") as f:
             f.write('{"update": 9, "torn')   # a line cut off by the kill
+        capsys.readouterr()
         resumed = run(out, *args, "--save-every", "1", "--resume")
         assert _metrics(out) == _strip_times(resumed) == _strip_times(whole), kill_at
+        # the summary says where it resumed (the last checkpoint: A's update 1, then update 2), not a whole run's time
+        assert f"s in this process (resumed at update {kill_at // 2 - 1})" in capsys.readouterr().out
 
 
 def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
