@@ -348,7 +348,9 @@ REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               *[(env, "grpo", m, base) for env in ("alfworld", "webshop") for m, base in
                 (("dense", "outcome"), ("dense_progress", "outcome"), ("dense_progress", "rspo_progress"))],
               *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")],
-              ("webshop", "gigpo", "rspo_progress", "outcome"), ("webshop", "ppo", "rspo_progress", "outcome")]
+              ("webshop", "gigpo", "rspo_progress", "outcome"), ("webshop", "ppo", "rspo_progress", "outcome"),
+              # pre-registration 7: Table 1's learned-source rows for GiGPO and PPO
+              *[(env, a, "rspo", "outcome") for env in ("alfworld", "webshop") for a in ("gigpo", "ppo")]]
 # Those of the hidden-64 regime (results/archive_h64/README.md, pre-registrations 1-4), so its tables regenerate
 REGISTERED_H64 = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
               ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
