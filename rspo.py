@@ -651,7 +651,9 @@ def batch_stats(cfg, state, trajs, replay):
              "train/outcome_return": float(np.mean([cfg.reward_scale * t.won for t in trajs]))}
     if replay:
         stats.update({"buffer/success": float(np.mean([t.won for t in replayed])),
-                      "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in replay]))})
+                      "buffer/groups_with_success": float(np.mean([any(t.won for t in g) for g in replay])),
+                      # a group won by all or none of its episodes has zero group-relative advantage (GRPO)
+                      "buffer/groups_mixed": float(np.mean([len({t.won for t in g}) == 2 for g in replay]))})
     state.seen_states.update(s.obs for t in trajs for s in t.steps)
     count_wins(state.wins, trajs, "train")   # first: a type A wins in this very update is not one B leads it to
     novel = novel_win_share(Counter(t.task_type for t in replayed if t.won), state.wins)

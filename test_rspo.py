@@ -288,6 +288,18 @@ def test_batch_stats_counts_a_own_wins_of_the_same_update_before_the_novel_share
     assert stats["train/wins/heat"] == 1 and stats["buffer/wins/look"] == 1
 
 
+def test_batch_stats_buffer_shares():
+    # replayed groups all won, mixed, all lost: 3 of 6 episodes won, 2 of 3 groups hold a success, and only the
+    # mixed group carries a group-relative advantage
+    state = rspo.TrainState(np.random.default_rng(0), torch.Generator(), {})
+    replay = [[_typed("heat", True), _typed("heat", True)], [_typed("look", True), _typed("look", False)],
+              [_typed("cool", False), _typed("cool", False)]]
+    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), state, [_typed("heat", False)], replay)
+    assert stats["buffer/success"] == pytest.approx(1 / 2)
+    assert stats["buffer/groups_with_success"] == pytest.approx(2 / 3)
+    assert stats["buffer/groups_mixed"] == pytest.approx(1 / 3)
+
+
 def test_progress_dense_reward_is_the_progress_increment():
     # the env's event reward stays unless --dense-reward progress; then each step's reward is its progress gain
     def trajs():
@@ -2519,6 +2531,7 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
     assert int(r["env_steps_B"]) > 0 and int(r["env_steps_prm"]) > 0 and int(r["a_updates"]) == 3
     assert int(r["env_steps_total"]) == sum(int(r[f"env_steps_{k}"]) for k in ("A", "B", "prm"))
     assert int(rows["equal_cost", "outcome_long"]["a_updates"]) == 6
+    assert rows["main", "outcome"]["groups_mixed"] == ""   # only the runs that replay have it
     rspo_dir = results / "main" / "alfworld_grpo_rspo_s0"
     cmd = (rspo_dir / "command.txt").read_text()
     assert cmd.startswith("python rspo.py ") and "estimators/alfworld_s0.pt" in cmd
@@ -2544,6 +2557,9 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
         assert total == round(sum(r[f"{who}/success"] * episodes for r in records))
         assert any(k.startswith(f"{who}/wins/") for k in record)
     assert "Successful training episodes per task type" in (results / "tables.md").read_text()
+    assert float(rows["main", "rspo"]["groups_mixed"]) == pytest.approx(
+        np.mean([r["buffer/groups_mixed"] for r in records]))
+    assert "| buffer groups with a success and a failure |" in (results / "tables.md").read_text()
 
     def commit(rec):
         (rspo_dir / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(rec)]) + "\n")

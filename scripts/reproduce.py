@@ -290,7 +290,7 @@ def final_rows(results):
                 **({"unseen_success": last["eval_valid_unseen/success"]} if "eval_valid_unseen/success" in last else {}),
                 # how far the explorer is from A on the replayed tokens (runs logged before rspo.py had them: none)
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
-                   "buffer/clip_centre_p90") if any(k in r for r in records)},
+                   "buffer/clip_centre_p90", "buffer/groups_mixed") if any(k in r for r in records)},
                 **({"novel_type_wins": novel_type_wins(records)} if any("buffer/novel_type_wins" in r for r in records) else {}),
                 "path": os.path.relpath(path, ROOT)})
     return rows
@@ -449,7 +449,9 @@ def results_table(rows, experiments, reference=()):
 def diagnostics_table(rows, experiments):
     """One row per (env, algo, method); the explorer's distance from A only where runs logged it."""
     kl = any("explorer_kl" in r for r in rows)
+    mixed = any("groups_mixed" in r for r in rows)   # logged since 2026-12-03
     head = ["env", "algo", "method", "A's training success", "explorer success", "buffer groups with a success",
+            *(["buffer groups with a success and a failure"] if mixed else []),
             *(["KL(B ‖ A) per token", "clip centre p10 / p90", "replayed wins on types A had not won (%)"] if kl else []),
             "distinct states (A)", "env steps A / B / estimator", "seconds A / B / estimator"]
     lines = []
@@ -458,6 +460,7 @@ def diagnostics_table(rows, experiments):
             return num([r.get(k, float("nan")) for r in rs], fmt)
         lines.append([env, algo, method, pct([r["train_success"] for r in rs]), pct([r["explorer_success"] for r in rs]),
                       pct([r["buffer_groups_with_success"] for r in rs]),
+                      *([pct([r.get("groups_mixed", float("nan")) for r in rs])] if mixed else []),
                       *([val("explorer_kl", "{:.4f}"), f"{val('clip_centre_p10', '{:.2f}')} / {val('clip_centre_p90', '{:.2f}')}",
                          pct([r.get("novel_type_wins", float("nan")) for r in rs])] if kl else []),
                       num([r["distinct_states"] for r in rs]),
@@ -686,7 +689,7 @@ FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
 NEW_FIELDS = ["warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
-              "clip_centre_p10", "clip_centre_p90", "novel_type_wins"]
+              "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed"]
 
 
 def report(results=None):
