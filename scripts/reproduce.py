@@ -288,7 +288,8 @@ def final_rows(results):
                 **({"warmstart_success": records[0]["eval/success"], "env_steps_warmstart": last["env_steps/warmstart"],
                     "seconds_warmstart": round(last["time/warmstart_seconds"], 1)} if "env_steps/warmstart" in last else {}),
                 **({"unseen_success": last["eval_valid_unseen/success"]} if "eval_valid_unseen/success" in last else {}),
-                # how far the explorer is from A on the replayed tokens (runs logged before rspo.py had them: none)
+                # the replay's diagnostics: how far the explorer is from A on the replayed tokens, and the share of replayed
+                # groups with mixed outcomes (runs logged before rspo.py had them: none)
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
                    "buffer/clip_centre_p90", "buffer/groups_mixed") if any(k in r for r in records)},
                 **({"novel_type_wins": novel_type_wins(records)} if any("buffer/novel_type_wins" in r for r in records) else {}),
@@ -447,7 +448,8 @@ def results_table(rows, experiments, reference=()):
 
 
 def diagnostics_table(rows, experiments):
-    """One row per (env, algo, method); the explorer's distance from A only where runs logged it."""
+    """One row per (env, algo, method); the mixed-group share and the explorer's distance from A only where runs
+    logged them."""
     kl = any("explorer_kl" in r for r in rows)
     mixed = any("groups_mixed" in r for r in rows)   # logged since 2026-12-03
     head = ["env", "algo", "method", "A's training success", "explorer success", "buffer groups with a success",
