@@ -2334,7 +2334,7 @@ def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(
 def test_later_comparisons_are_registered_before_their_runs(reproduce):
     """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
     full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO;
-    pre-registrations 6 and 7 of this regime (results/README.md) likewise."""
+    pre-registrations 6, 7 and 8 of this regime (results/README.md) likewise."""
     for m in reproduce.EXPERIMENTS["ablations"][0]:
         assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED_H64)
     assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
@@ -2348,6 +2348,9 @@ def test_later_comparisons_are_registered_before_their_runs(reproduce):
     assert {("webshop", a, "rspo_progress", "outcome") for a in ("gigpo", "ppo")} <= set(reproduce.REGISTERED)
     # pre-registration 7: the learned source with GiGPO and PPO, both envs
     assert {(e, a, "rspo", "outcome") for e in ("alfworld", "webshop") for a in ("gigpo", "ppo")} <= set(reproduce.REGISTERED)
+    # pre-registration 8: every sweep setting against the default knobs, the alpha = 0 control also against GRPO
+    assert {("alfworld", "grpo", m, "rspo") for m in reproduce.EXPERIMENTS["sweeps"][0]} <= set(reproduce.REGISTERED)
+    assert ("alfworld", "grpo", "rspo_alpha0", "outcome") in reproduce.REGISTERED
 
 
 def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):

@@ -351,7 +351,10 @@ REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")],
               ("webshop", "gigpo", "rspo_progress", "outcome"), ("webshop", "ppo", "rspo_progress", "outcome"),
               # pre-registration 7: Table 1's learned-source rows for GiGPO and PPO
-              *[(env, a, "rspo", "outcome") for env in ("alfworld", "webshop") for a in ("gigpo", "ppo")]]
+              *[(env, a, "rspo", "outcome") for env in ("alfworld", "webshop") for a in ("gigpo", "ppo")],
+              # pre-registration 8: Table 2's sweeps, each setting against the default knobs; the control also against GRPO
+              *[("alfworld", "grpo", m, "rspo") for m in EXPERIMENTS["sweeps"][0]],
+              ("alfworld", "grpo", "rspo_alpha0", "outcome")]
 # Those of the hidden-64 regime (results/archive_h64/README.md, pre-registrations 1-4), so its tables regenerate
 REGISTERED_H64 = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
               ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
