@@ -1758,6 +1758,17 @@ def git_state():
         return None, None
 
 
+def software_stack():
+    """What besides the commit decides a run's numbers: sampling at T > 0 turns a last-bit difference in the
+    logits into another trajectory, so one commit and seed give other runs under other library versions or
+    other CPU kernels (torch and MKL pick AVX2 or AVX-512 code by the machine). config.json records it beside
+    the commit; scripts/reproduce.py --verify warns when a rerun's stack differs."""
+    import platform
+    import transformers
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": np.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def check_writable(path, flag, directory=True):
     """A directory (or a file's directory) can be created and written: its nearest existing ancestor is a
     writable directory, and a directory path is not an existing file. Checked before any work."""
@@ -1856,7 +1867,7 @@ def main(argv=None, pretrained=None):
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
                        "device": str(device), "command": sys.argv if argv is None else argv,
-                       "git_commit": commit, "git_dirty": dirty}, f, indent=1)
+                       "git_commit": commit, "git_dirty": dirty, "stack": software_stack()}, f, indent=1)
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
         def log(record):

@@ -712,6 +712,8 @@ def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["prompt"] == "compact" and config["lr"] == 0.003 and records[-1]["updates/A"] == 2
     assert len(config["git_commit"]) == 40 and isinstance(config["git_dirty"], bool)
+    assert config["stack"] == rspo.software_stack() and config["stack"]["torch"] == torch.__version__ and \
+        config["stack"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
@@ -2460,6 +2462,11 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
         return ok, capsys.readouterr().out
     ok, out = verify(git_commit=commits[0], git_dirty=False)
     assert ok and f"identical metrics (rerun at {commits[0]})" in out and "uncommitted" not in out
+    assert "made under" not in out
+    ok, out = verify(git_commit=commits[0], stack=reproduce.software_stack())
+    assert ok and "made under" not in out
+    ok, out = verify(git_commit=commits[0], stack={**reproduce.software_stack(), "cpu_capability": "AVX2" + "x"})
+    assert ok and "warning: made under" in out and "sampled actions may then differ" in out
     ok, out = verify(git_commit=commits[0], git_dirty=True)
     assert ok and "made from uncommitted changes" in out
     assert not verify(git_commit=commits[1])[0]

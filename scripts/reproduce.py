@@ -44,7 +44,7 @@ from contextlib import contextmanager, nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from rspo import novel_win_share   # noqa: E402 (the diagnostic's one definition)
+from rspo import novel_win_share, software_stack   # noqa: E402 (one definition each)
 RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
 SAVE_EVERY = 3          # checkpoint every 3 updates of A: a batch cut off after hours resumes mid-run
@@ -770,7 +770,7 @@ def verify(paths, here=False):
     """Rerun each committed run's command.txt at the commit that made it (config.json's git_commit) and
     compare its metrics; a run that names no commit reruns with the current tree. here: every run reruns with
     the current tree (do later changes keep behaviour?)."""
-    ok = True
+    ok, stack = True, software_stack()
     for path in paths:
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
@@ -784,6 +784,8 @@ def verify(paths, here=False):
             print(f"{path}: config.json names no commit: rerun with the current tree")
         elif commit and cfg.get("git_dirty"):
             print(f"{path}: warning: made from uncommitted changes to {commit}; rerun at {commit} anyway")
+        if cfg.get("stack", stack) != stack:
+            print(f"{path}: warning: made under {cfg['stack']}, rerun under {stack}; sampled actions may then differ")
         with checkout(commit) if commit else nullcontext(ROOT) as tree:
             same = same_metrics(rerun(path, tree), read_metrics(path))
         print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}"
