@@ -373,7 +373,9 @@ def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mod
     monkeypatch.setattr(rspo, "HEAD_CHUNK_ELEMENTS", 1)   # one row per chunk
     assert len(policy.head_chunks(len(steps), 4)) == len(steps)
     for a, b in zip(whole, run(), strict=True):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        # float32 rounding of sums in another order, relative to the tensor's scale: a gradient entry near 0 can
+        # sum terms of 30 (5.7e-6 apart on an AVX-512 machine)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, b.abs().max().item()))
 
 
 def test_sampled_distribution_equals_recomputed_logprobs():
