@@ -1862,12 +1862,13 @@ def main(argv=None, pretrained=None):
     out_dir = cfg.output_dir
     records = open_run_dir(cfg, checkpoint)
     commit, dirty = git_state()
+    stack = software_stack()
 
     def write_config():   # again at the end, with what the progress estimator was fitted on (prm_data)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
                        "device": str(device), "command": sys.argv if argv is None else argv,
-                       "git_commit": commit, "git_dirty": dirty, "stack": software_stack()}, f, indent=1)
+                       "git_commit": commit, "git_dirty": dirty, "stack": stack}, f, indent=1)
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
         def log(record):
