@@ -1769,6 +1769,24 @@ def software_stack():
             "numpy": np.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def run_stacks(out_dir, resumed):
+    """The software stacks a run has run under, the one it started under first: a run resumed under another stack
+    is no single stack's run, so config.json keeps them all (read back from it on --resume)."""
+    now, saved = software_stack(), {}
+    if resumed:
+        try:
+            with open(os.path.join(out_dir, "config.json")) as f:
+                saved = json.load(f)
+        except (OSError, json.JSONDecodeError):   # lost or torn (written by an older rspo.py): the start is unknown
+            pass
+    stacks = [saved["stack"], *saved.get("resumed_under", [])] if "stack" in saved else [now]
+    if stacks[-1] != now:
+        print(f"warning: {out_dir} ran under {stacks[-1]} and resumes under {now}: its sampled actions may then "
+              "differ from an uninterrupted run's", file=sys.stderr)
+        stacks.append(now)
+    return stacks
+
+
 def check_writable(path, flag, directory=True):
     """A directory (or a file's directory) can be created and written: its nearest existing ancestor is a
     writable directory, and a directory path is not an existing file. Checked before any work."""
@@ -1862,13 +1880,16 @@ def main(argv=None, pretrained=None):
     out_dir = cfg.output_dir
     records = open_run_dir(cfg, checkpoint)
     commit, dirty = git_state()
-    stack = software_stack()
+    stacks = run_stacks(out_dir, checkpoint is not None)
 
     def write_config():   # again at the end, with what the progress estimator was fitted on (prm_data)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
+        path = os.path.join(out_dir, "config.json")
+        with open(path + ".tmp", "w") as f:   # then renamed: a kill mid-write leaves the earlier one for --resume
             json.dump({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
                        "device": str(device), "command": sys.argv if argv is None else argv,
-                       "git_commit": commit, "git_dirty": dirty, "stack": stack}, f, indent=1)
+                       "git_commit": commit, "git_dirty": dirty, "stack": stacks[0],
+                       **({"resumed_under": stacks[1:]} if len(stacks) > 1 else {})}, f, indent=1)
+        os.replace(path + ".tmp", path)
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
         def log(record):

@@ -627,6 +627,24 @@ def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, m
         assert f"s in this process (resumed at update {kill_at // 2 - 1})" in capsys.readouterr().out
 
 
+def test_a_run_resumed_under_another_stack_keeps_every_stack(tmp_path, monkeypatch, capsys):
+    """config.json keeps the software stack a run started under and each other one it was resumed under (such a
+    run is no single stack's run), with a warning at each change; a resume under the same stack adds none."""
+    out, args = tmp_path / "run", ["--updates", "1", "--save-every", "1"]
+    run(out, *args)
+    first = rspo.software_stack()
+    other = {**first, "cpu_capability": "another"}
+    for stack, resumed_under, warned in [(first, None, False), (other, [other], True), (other, [other], False),
+                                         (first, [other, first], True)]:
+        monkeypatch.setattr(rspo, "software_stack", lambda s=stack: s)
+        capsys.readouterr()
+        run(out, *args, "--resume")
+        config = json.loads((out / "config.json").read_text())
+        assert config["stack"] == first and config.get("resumed_under") == resumed_under
+        assert ("resumes under" in capsys.readouterr().err) == warned
+    assert not (out / "config.json.tmp").exists()
+
+
 def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
     """--warm-start: the searching demonstrator's episodes (never the privileged expert), imitated before the
     first evaluation; the weights it leaves are the same for every algorithm and reward, and are the KL reference."""
@@ -2469,6 +2487,8 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert ok and "made under" not in out
     ok, out = verify(git_commit=commits[0], stack={**reproduce.software_stack(), "cpu_capability": "another"})
     assert ok and "warning: made under" in out and "sampled actions may then differ" in out
+    ok, out = verify(git_commit=commits[0], stack=reproduce.software_stack(), resumed_under=[{"cpu_capability": "x"}])
+    assert ok and "resumed under" in out and "made under" not in out
     ok, out = verify(git_commit=commits[0], git_dirty=True)
     assert ok and "made from uncommitted changes" in out
     assert not verify(git_commit=commits[1])[0]

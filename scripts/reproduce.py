@@ -786,6 +786,9 @@ def verify(paths, here=False):
             print(f"{path}: warning: made from uncommitted changes to {commit}; rerun at {commit} anyway")
         if cfg.get("stack", stack) != stack:
             print(f"{path}: warning: made under {cfg['stack']}, rerun under {stack}; sampled actions may then differ")
+        if cfg.get("resumed_under"):
+            print(f"{path}: warning: started under {cfg['stack']}, resumed under {cfg['resumed_under']}: no one stack "
+                  "reruns it")
         with checkout(commit) if commit else nullcontext(ROOT) as tree:
             same = same_metrics(rerun(path, tree), read_metrics(path))
         print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}"
