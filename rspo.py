@@ -32,6 +32,7 @@ import copy
 import json
 import math
 import os
+import pathlib
 import random
 import re
 import shutil
@@ -1333,10 +1334,9 @@ def fit_dense_source(dense, policy, cfg):
     steps, seconds = sum(len(t.steps) for _, trajs in collected for t in trajs), time.time() - start
     if cfg.prm_path:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.prm_path)), exist_ok=True)
-        torch.save({"settings": {k: getattr(cfg, k) for k in ESTIMATOR_SETTINGS},
-                    "state": dense.estimator.state_dict(), "sources": dense.sources, "stats": stats,
-                    "env_steps": steps, "seconds": seconds}, cfg.prm_path + ".tmp")
-        os.replace(cfg.prm_path + ".tmp", cfg.prm_path)   # atomic: a run starting meanwhile never reads half a file
+        saved = {"settings": {k: getattr(cfg, k) for k in ESTIMATOR_SETTINGS}, "state": dense.estimator.state_dict(),
+                 "sources": dense.sources, "stats": stats, "env_steps": steps, "seconds": seconds}
+        save_atomically(cfg.prm_path, lambda p: torch.save(saved, p))   # a run starting meanwhile never reads half a file
     return stats, steps, seconds
 
 
@@ -1551,12 +1551,12 @@ def save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record):
     estimator = {} if dense.estimator is None else {
         "estimator": dense.estimator.state_dict(), "estimator_optimizer": dense.optimizer.state_dict(),
         "train": dense.train, "heldout": dense.heldout, "sources": dense.sources}
-    torch.save({"settings": run_settings(cfg), "record": record, "agent": policy.agent.state_dict(),
-                "optimizer": optimizer.state_dict(), "state": replace(state, generator=None),
-                "generator": state.generator.get_state(), "noise_rng": dense.noise_rng, **estimator,
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    saved = {"settings": run_settings(cfg), "record": record, "agent": policy.agent.state_dict(),
+             "optimizer": optimizer.state_dict(), "state": replace(state, generator=None),
+             "generator": state.generator.get_state(), "noise_rng": dense.noise_rng, **estimator,
+             "torch_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    save_atomically(path, lambda p: torch.save(saved, p))
 
 
 def current_names(settings):
@@ -1729,6 +1729,13 @@ def offloaded(policy, optimizer, enabled):
         move_training_state(policy.agent, optimizer, policy.device)
 
 
+def save_atomically(path, save):
+    """save(path + '.tmp'), then rename it onto path: a kill mid-write leaves the earlier file whole (for
+    --resume, or for a run reading it meanwhile)."""
+    save(path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
 def save_model(policy, cfg, path):
     """save_pretrained with the tokenizer, the value head and rspo.json (the prompt, action mode and lr it
     learned with, so --model PATH runs it the same way). Written beside `path`, then renamed into place."""
@@ -1822,9 +1829,8 @@ def open_run_dir(cfg, checkpoint):
         except json.JSONDecodeError:
             break
     records = [r for r in records if r["update"] <= checkpoint["record"]["update"]]
-    with open(os.path.join(out, "metrics.jsonl.tmp"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(os.path.join(out, "metrics.jsonl.tmp"), os.path.join(out, "metrics.jsonl"))
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    save_atomically(os.path.join(out, "metrics.jsonl"), lambda p: pathlib.Path(p).write_text(text))
     return records
 
 
@@ -1883,13 +1889,11 @@ def main(argv=None, pretrained=None):
     stacks = run_stacks(out_dir, checkpoint is not None)
 
     def write_config():   # again at the end, with what the progress estimator was fitted on (prm_data)
-        path = os.path.join(out_dir, "config.json")
-        with open(path + ".tmp", "w") as f:   # then renamed: a kill mid-write leaves the earlier one for --resume
-            json.dump({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
-                       "device": str(device), "command": sys.argv if argv is None else argv,
-                       "git_commit": commit, "git_dirty": dirty, "stack": stacks[0],
-                       **({"resumed_under": stacks[1:]} if len(stacks) > 1 else {})}, f, indent=1)
-        os.replace(path + ".tmp", path)
+        text = json.dumps({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
+                           "device": str(device), "command": sys.argv if argv is None else argv,
+                           "git_commit": commit, "git_dirty": dirty, "stack": stacks[0],
+                           **({"resumed_under": stacks[1:]} if len(stacks) > 1 else {})}, indent=1)
+        save_atomically(os.path.join(out_dir, "config.json"), lambda p: pathlib.Path(p).write_text(text))
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
         def log(record):

@@ -645,6 +645,23 @@ def test_a_run_resumed_under_another_stack_keeps_every_stack(tmp_path, monkeypat
     assert not (out / "config.json.tmp").exists()
 
 
+def test_save_atomically_keeps_the_earlier_file_when_the_write_dies(tmp_path):
+    """Checkpoints, config.json, metrics.jsonl and the estimator are written through save_atomically: a kill
+    mid-write leaves the earlier file whole for --resume, and a finished write replaces it."""
+    path = tmp_path / "config.json"
+    path.write_text("earlier")
+
+    def dies(p):
+        with open(p, "w") as f:
+            f.write("half")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        rspo.save_atomically(str(path), dies)
+    assert path.read_text() == "earlier"
+    rspo.save_atomically(str(path), lambda p: open(p, "w").write("later"))
+    assert path.read_text() == "later" and not (tmp_path / "config.json.tmp").exists()
+
+
 def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
     """--warm-start: the searching demonstrator's episodes (never the privileged expert), imitated before the
     first evaluation; the weights it leaves are the same for every algorithm and reward, and are the KL reference."""
