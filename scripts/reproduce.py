@@ -643,7 +643,9 @@ def figures(rows, results):
         plt.close(fig)
         # Equal total cost: success against all env steps paid (A + explorer + estimator).
         long = groups(rows, {"equal_cost"}).get((env, "grpo", "outcome_long"))
-        rspo = [(f"RSPO+GRPO ({m})", main[env, "grpo", m]) for m in ("rspo_progress", "rspo") if (env, "grpo", m) in main]
+        seeds = {r["seed"] for r in long or []}   # the RSPO runs GRPO was run longer for, as in equal_cost_table
+        rspo = [(f"RSPO+GRPO ({m})", [r for r in main[env, "grpo", m] if r["seed"] in seeds])
+                for m in ("rspo_progress", "rspo") if (env, "grpo", m) in main]
         if rspo and long:
             fig, ax = plt.subplots(figsize=(5, 3.5))
             for colour, (label, rs) in enumerate([("GRPO (run longer)", long), *rspo]):
