@@ -1206,6 +1206,7 @@ WEBSHOP_OPTIONS = {   # specs for check_options; human_goals is backend="real" o
     "no_options_prob": _number_spec(False, 0, 1),
     **{k: _number_spec(False) for k in ("dense_view_weight", "dense_option_bonus", "dense_buy_weight")},
     "human_goals": ("true or false", lambda value: isinstance(value, bool)),
+    "results_names": ("'asin' or 'position'", lambda value: value in ("asin", "position")),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -1556,10 +1557,10 @@ def _generate_catalog(num_products, goals_per_product, no_options_prob):
 
 def _catalog_and_env_options(options):
     """Split **options into catalog and env options; a clear error for unknown names or bad values."""
-    unknown = set(options) - set(WEBSHOP_CATALOG_DEFAULTS) - set(WEBSHOP_ENV_DEFAULTS)
+    known = set(WEBSHOP_CATALOG_DEFAULTS) | set(WEBSHOP_ENV_DEFAULTS) | {"results_names"}   # the last: the wrapper's
+    unknown = set(options) - known
     if unknown:
-        known = sorted(set(WEBSHOP_CATALOG_DEFAULTS) | set(WEBSHOP_ENV_DEFAULTS))
-        raise ValueError(f"webshop: unknown option(s) {sorted(unknown)}; known: {known}")
+        raise ValueError(f"webshop: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
     check_options("WebShop", options, WEBSHOP_OPTIONS)
     catalog = {k: options.get(k, v) for k, v in WEBSHOP_CATALOG_DEFAULTS.items()}
     env = {k: options.get(k, v) for k, v in WEBSHOP_ENV_DEFAULTS.items()}
@@ -2006,22 +2007,81 @@ class RealWebShopEnv:
 
 
 # ---------------------------------------------------------------------------------------------
+# Results named by position: what a small word-level policy reads and clicks (results_names="position")
+# ---------------------------------------------------------------------------------------------
+POSITION_NAMES = [f"item{k}" for k in range(1, PRODUCT_WINDOW + 1)]
+RESULTS_PAGE = re.compile(r"Page \d+ \(Total results: \d+\)")
+
+
+class PositionNamedResults:
+    """A WebShop env (either backend) whose results pages name their products item1, item2, ... in the order
+    listed, instead of by ASIN: to a word-level tokenizer each ASIN is a word met in a handful of demonstrations
+    at most, so a tiny policy cannot learn to click the product it means (results/diagnosis/README.md, "WebShop's
+    product click"). A click on itemK reaches the env as that product's ASIN; the env's own text, rules and
+    rewards are unchanged underneath, and every other method and attribute is the env's."""
+
+    def __init__(self, env):
+        self.env, self.to_name, self.to_asin = env, {}, {}
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def _rename(self, obs, info):
+        # A listed product is a clickable whose upper-cased text is on a results page (the page prints ASINs
+        # upper-cased, the clicks lower-cased); on an item page letter-less option values (shoe sizes) would match.
+        listed = []
+        if RESULTS_PAGE.search(obs):
+            clicks = [arg for name, arg in map(parse_action, info["admissible_actions"]) if name == "click"]
+            listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
+        self.to_name = {c: name for name, (_, c) in zip(POSITION_NAMES, listed)}
+        self.to_asin = {name: c for c, name in self.to_name.items()}
+        for c, name in self.to_name.items():
+            obs = obs.replace(c.upper(), name)
+        return obs, {**info, "admissible_actions": sorted(self._named(a) for a in info["admissible_actions"])}
+
+    def _named(self, action):
+        name, arg = parse_action(action)
+        return f"click[{self.to_name[arg]}]" if name == "click" and arg in self.to_name else action
+
+    def reset(self):
+        return self._rename(*self.env.reset())
+
+    def step(self, action):
+        name, arg = parse_action(action)
+        if name == "click" and arg in self.to_asin:
+            action = f"click[{self.to_asin[arg]}]"
+        obs, reward, done, info = self.env.step(action)
+        obs, info = self._rename(obs, info)
+        return obs, reward, done, info
+
+    def expert_action(self):
+        return self._named(self.env.expert_action())
+
+    def searching_action(self):
+        return self._named(self.env.searching_action())
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry points
 # ---------------------------------------------------------------------------------------------
-def make_webshop_env(split="train", seed=0, backend="offline", **options):
-    """A WebShop env on goal `seed % webshop_num_tasks(split)` of the split's fixed goal list."""
+def make_webshop_env(split="train", seed=0, backend="offline", results_names="asin", **options):
+    """A WebShop env on goal `seed % webshop_num_tasks(split)` of the split's fixed goal list; with
+    results_names="position", seen through PositionNamedResults."""
+    check_options("WebShop", {"results_names": results_names}, WEBSHOP_OPTIONS)
     if backend == "real":
         unknown = set(options) - set(WEBSHOP_ENV_DEFAULTS) - {"num_products", "human_goals"}
         if unknown:
             raise ValueError(f"webshop: unknown option(s) {sorted(unknown)} for backend='real'")
         check_options("WebShop", options, WEBSHOP_OPTIONS)
-        return RealWebShopEnv(split=split, seed=seed, **options)
-    if backend != "offline":
+        env = RealWebShopEnv(split=split, seed=seed, **options)
+    elif backend != "offline":
         raise ValueError(f"webshop: unknown backend {backend!r}; use 'offline' or 'real'")
-    catalog_options, env_options = _catalog_and_env_options(options)
-    catalog = build_webshop_catalog(**catalog_options)
-    start, end = _split_range(split, len(catalog.goals))
-    return WebShopEnv(catalog, catalog.goals[start + seed % (end - start)], **env_options)
+    else:
+        catalog_options, env_options = _catalog_and_env_options(options)
+        catalog = build_webshop_catalog(**catalog_options)
+        start, end = _split_range(split, len(catalog.goals))
+        env = WebShopEnv(catalog, catalog.goals[start + seed % (end - start)], **env_options)
+    return PositionNamedResults(env) if results_names == "position" else env
 
 
 @functools.lru_cache(maxsize=4)
@@ -2045,7 +2105,7 @@ def _vocabulary(num_products, goals_per_product, no_options_prob):
 def webshop_vocabulary(**options):
     """Every `\\w+` word (case as it appears) of any observation, instruction or listed action."""
     catalog_options, _ = _catalog_and_env_options(options)
-    return list(_vocabulary(**catalog_options))
+    return list(_vocabulary(**catalog_options)) + (POSITION_NAMES if options.get("results_names") == "position" else [])
 
 
 # ---------------------------------------------------------------------------------------------

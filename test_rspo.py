@@ -1858,6 +1858,67 @@ def test_expert_solves_every_goal(split, seeds):
         assert won and steps <= 15, (split, seed)
 
 
+def test_results_named_by_position_by_hand():
+    env = envs.PositionNamedResults(small_env())
+    env.reset()
+    obs, _, _, info = env.step("search[lipstick]")
+    shown = " [SEP] ".join(f"item{i + 1} [SEP] Brand{i} Lipstick [SEP] $12.5" for i in range(10))
+    assert obs == HEAD + " [SEP] Page 1 (Total results: 12) [SEP] Next > [SEP] " + shown
+    assert info["admissible_actions"] == sorted(
+        ["click[back to search]", "click[next >]"] + [f"click[item{i}]" for i in range(1, 11)])
+    obs, _, _, info = env.step("click[next >]")   # names restart on every page
+    assert obs.endswith("< Prev [SEP] item1 [SEP] Brand10 Lipstick [SEP] $12.5 [SEP] item2 [SEP] Brand11 Lipstick "
+                        "[SEP] $12.5")
+    obs, _, _, info = env.step("click[item2]")    # reaches the env as click[b0test0011]
+    assert env.asin == 11 and "Brand11 Lipstick" in obs   # the index of B0TEST0011
+    assert "click[item2]" not in info["admissible_actions"]   # an item page renames nothing
+    env.step("click[back to search]")
+    env.step("search[lipstick]")
+    obs, _, _, info = env.step("click[item1]")
+    assert obs == ITEM
+    env.step("click[pink]")
+    _, reward, done, info = env.step("click[buy now]")
+    assert done and info["won"] and reward == 1.0
+    # Letter-less option values (shoe sizes) are on the page as they are clicked: not renamed on an item page.
+    shoe = make_product(0, options={"shoe size": ["7", "8"]})
+    goal = make_goal(goal_options={"shoe size": "8"})
+    env = envs.PositionNamedResults(WebShopEnv(WebShopCatalog([shoe], [goal]), goal))
+    env.reset()
+    env.step("search[lipstick]")
+    obs, _, _, info = env.step("click[item1]")
+    assert " [SEP] shoe size [SEP] 7 [SEP] 8 [SEP] " in obs and "click[8]" in info["admissible_actions"]
+
+
+def test_results_named_by_position_change_nothing_else():
+    # Random walks through the generated catalog (results listed in relevance order, not ASIN order): every step of
+    # the renamed env is the plain env's step under the K-th listed ASIN for itemK, page, reward and end alike.
+    rng = random.Random(1)
+    for seed in range(40):
+        plain, named = make_webshop_env("test", seed=seed), make_webshop_env("test", seed=seed, results_names="position")
+        (obs, info), (nobs, ninfo) = plain.reset(), named.reset()
+        for _ in range(12):
+            parts = obs.split(" [SEP] ")
+            asins = [w for w in parts if f"click[{w.lower()}]" in info["admissible_actions"] and w.isupper()]
+            expect = obs
+            for k, asin in enumerate(asins):
+                expect = expect.replace(asin, f"item{k + 1}")
+            assert nobs == expect and not any(a in nobs for a in asins)
+            assert len(ninfo["admissible_actions"]) == len(info["admissible_actions"])
+            for demonstrator in (named.searching_action, named.expert_action):   # as the agent would click
+                assert demonstrator() in ninfo["admissible_actions"]
+            action = rng.choice(ninfo["admissible_actions"])
+            m = re.fullmatch(r"click\[item(\d+)\]", action)
+            (obs, r, done, info), (nobs, nr, ndone, ninfo) = (
+                plain.step(f"click[{asins[int(m.group(1)) - 1].lower()}]" if m else action), named.step(action))
+            assert (r, done, info["won"], info["progress"]) == (nr, ndone, ninfo["won"], ninfo["progress"])
+            if done:
+                break
+    vocabulary = envs.vocabulary("webshop", results_names="position")
+    assert "item10" in vocabulary and "item1" not in envs.vocabulary("webshop")
+    with pytest.raises(ValueError, match="results_names='title': expected 'asin' or 'position'"):
+        make_webshop_env("test", results_names="title")
+
+
 def _random_clicks(env, info, rng):
     """1-4 random admissible actions that do not buy: a start off the scripted agents' path."""
     for _ in range(rng.randint(1, 4)):

@@ -1,6 +1,6 @@
 """Probe (issue 13, WebShop): does GRPO learn WebShop once the product click is learnable? The main settings'
 WebShop command (scripts/reproduce.py SETTINGS, GRPO, outcome) with the results pages rendered on the policy's side
-as item1, item2, ... (model_screen.AliasedResults: the env's text, rules and rewards unchanged, clicks mapped back to
+as item1, item2, ... (envs.PositionNamedResults: the env's text, rules and rewards unchanged, clicks mapped back to
 the ASIN). Writes an ordinary run directory; its line 0 is the aliased warm start (model_screen.py ws_h128_alias).
 
     python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_s0      # seed, output directory

@@ -13,7 +13,7 @@ never seen; and whether another object was taken). WebShop: agreement with the d
 it takes (search, product click, option, navigation, buy), on test tasks and on train tasks the demonstrations
 did not cover. --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
 page and 'b0abc' in the click, for 'Office' and 'office'); --alias shows and clicks a results page's products as
-item1, item2, ... (model_screen.AliasedResults). rspo.py is not changed.
+item1, item2, ... (envs.PositionNamedResults). rspo.py is not changed.
 
 runs/grpo_u60 is GRPO seed 0 of the main settings stopped at update 60 (its training equals
 ../main/alfworld_grpo_outcome_s0's up to there; only the evaluation schedule differs), saving its model:

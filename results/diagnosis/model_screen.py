@@ -43,10 +43,9 @@ VARIANTS = {
     "ws_h128": ("llama", 128, 2, 4, None),
     # one word for the page's 'B0NKJW8DEX' and the click's 'b0nkjw8dex' (failures.py's lower-cased tokenizer)
     "ws_h128_lower": ("llama", 128, 2, 4, None),
-    # the policy sees and clicks a results page's products as item1, item2, ... (AliasedResults)
+    # the policy sees and clicks a results page's products as item1, item2, ... (envs.PositionNamedResults)
     "ws_h128_alias": ("llama", 128, 2, 4, None),
 }
-ALIASES = [f"item{k}" for k in range(1, 11)]   # a results page lists at most 10 products
 
 
 def clicked(action):
@@ -54,56 +53,12 @@ def clicked(action):
     return action[len("click["):-1] if action.startswith("click[") else None
 
 
-class AliasedResults:
-    """A copy-friendly rendering of WebShop's results pages, on the policy's side only: the wrapped env is
-    unchanged, but what the policy reads and clicks names the page's products by position (item1 for the first
-    listed, ...), not by their ASINs, each a word seen in a handful of demonstrations at most. Actions are
-    mapped back to the ASIN before they reach the env; the (searching) demonstrator's clicks are mapped to the
-    alias, so the imitation sees the same rendering."""
-
-    def __init__(self, env):
-        self.env, self.to_asin, self.to_alias = env, {}, {}
-
-    def __getattr__(self, name):
-        return getattr(self.env, name)
-
-    def _render(self, obs, info):
-        # Only a results page lists products; on an item page letter-less option values (shoe sizes) would also
-        # match their upper-cased text.
-        if self.env.page == "results":
-            clicks = [clicked(a) for a in info["admissible_actions"] if clicked(a)]
-            listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
-            self.to_alias = {c: alias for alias, (_, c) in zip(ALIASES, listed)}
-            self.to_asin = {v: k for k, v in self.to_alias.items()}
-            for c, alias in self.to_alias.items():
-                obs = obs.replace(c.upper(), alias)
-        return obs, {**info, "admissible_actions": [self._alias(a) for a in info["admissible_actions"]]}
-
-    def _alias(self, action):
-        return f"click[{self.to_alias[clicked(action)]}]" if clicked(action) in self.to_alias else action
-
-    def reset(self):
-        return self._render(*self.env.reset())
-
-    def step(self, action):
-        if clicked(action) in self.to_asin:
-            action = f"click[{self.to_asin[clicked(action)]}]"
-        obs, reward, done, info = self.env.step(action)
-        obs, info = self._render(obs, info)
-        return obs, reward, done, info
-
-    def searching_action(self):
-        return self._alias(self.env.searching_action())
-
-    def expert_action(self):
-        return self._alias(self.env.expert_action())
-
-
 def alias_results():
-    """WebShop envs rendered by AliasedResults, and the aliases in the tiny vocabulary (this process only)."""
+    """Every env of this process with its results named by position (envs.PositionNamedResults), the aliases in the
+    tiny vocabulary: what rspo.py's `--env-options '{"results_names": "position"}'` does."""
     make, vocab = rspo.envs.make_env, rspo.tiny_vocabulary
-    rspo.envs.make_env = lambda *a, **k: AliasedResults(make(*a, **k))
-    rspo.tiny_vocabulary = lambda *a, **k: vocab(*a, **k) + ALIASES
+    rspo.envs.make_env = lambda *a, **k: make(*a, **{**k, "results_names": "position"})
+    rspo.tiny_vocabulary = lambda name, backend, options: vocab(name, backend, {**options, "results_names": "position"})
 
 
 def builder(arch, hidden, layers, heads):
@@ -146,7 +101,7 @@ def main():
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--demos", type=int, default=1000, help="demonstration episodes (rspo.py's --warm-start)")
-    args = p.parse_args()
+    args, rspo_flags = p.parse_known_args()   # any other flag goes to rspo.py's parser (e.g. --minibatch-size 32)
     arch, hidden, layers, heads, template = VARIANTS[args.variant]
     rspo.build_tiny_model = builder(arch, hidden, layers, heads)
     if template:
@@ -159,7 +114,8 @@ def main():
            if args.variant.startswith("ws_") else
            ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
     cfg = rspo.validate(rspo.build_parser().parse_args(
-        [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", str(args.demos), "--no-progress"]))
+        [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", str(args.demos), "--no-progress",
+         *rspo_flags]))
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -193,7 +149,7 @@ def main():
                       "seconds": time.time() - start, "demo_prob": demo_prob(policy, held, cfg)})
         print(args.variant, curve[-1], flush=True)
     with open(os.path.join(HERE, "model_screen.jsonl"), "a") as f:
-        f.write(json.dumps({"variant": args.variant, "seed": args.seed, "demos": args.demos,
+        f.write(json.dumps({"variant": args.variant, "seed": args.seed, "demos": args.demos, "flags": rspo_flags,
                             "parameters": sum(q.numel() for q in policy.agent.lm.parameters()), "curve": curve}) + "\n")
 
 

@@ -3,7 +3,7 @@
     python results/diagnosis/option_step.py --epochs 3     # the aliased warm start of the main settings, seed 0
     python results/diagnosis/option_step.py --epochs 8
 
-Trains rspo.warm_start (main settings, seed 0; results named item1, item2, ... by model_screen.AliasedResults), plays
+Trains rspo.warm_start (main settings, seed 0; results named item1, item2, ... by envs.PositionNamedResults), plays
 the searching demonstrator on the 256 `test` tasks, and at every step where it clicks an option value scores each
 admissible action under the policy (T = 1, the decoding constraint). Prints, separately for the page's first
 option click and the second (one value already chosen): the mean probability of the demonstrator's value, of the
