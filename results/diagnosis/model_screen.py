@@ -45,6 +45,9 @@ VARIANTS = {
     "ws_h128_lower": ("llama", 128, 2, 4, None),
     # the policy sees and clicks a results page's products as item1, item2, ... (envs.PositionNamedResults)
     "ws_h128_alias": ("llama", 128, 2, 4, None),
+    # wider, or deeper, with the same rendering: is the option copy a matter of capacity?
+    "ws_h256_alias": ("llama", 256, 2, 4, None),
+    "ws_h128_l4_alias": ("llama", 128, 4, 4, None),
 }
 
 
