@@ -5,6 +5,7 @@ the ASIN). Writes an ordinary run directory; its line 0 is the aliased warm star
 
     python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_s0      # seed, output directory
     python results/diagnosis/alias_rl.py 0 /tmp/ws_alias_e8_s0 --warm-start-epochs 8   # then rspo.py flags to override
+    python results/diagnosis/alias_rl.py 0 /tmp/ws_copy_s0 --copy   # the policy with model_screen.copy_bias
 """
 import os
 import sys
@@ -18,5 +19,14 @@ import rspo  # noqa: E402
 if __name__ == "__main__":
     seed, out, *extra = sys.argv[1:]
     model_screen.alias_results()
+    if "--copy" in extra:
+        extra.remove("--copy")
+        build = rspo.build_policy
+
+        def build_with_copy(*args, **kwargs):
+            policy = build(*args, **kwargs)
+            model_screen.copy_bias(policy)
+            return policy
+        rspo.build_policy = build_with_copy
     rspo.main([*reproduce.SETTINGS["webshop"], "--algo", "grpo", "--method", "outcome", "--seed", seed,
                "--output-dir", out, "--no-save-model", "--no-progress", *extra])
