@@ -9,6 +9,8 @@ the compact template, or the tokenizer) in this process only.
     python results/diagnosis/model_screen.py ws_h128_lower --epochs 3   # WebShop, a lower-cased vocabulary
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 3   # WebShop, results named item1, item2, ...
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 8 --demos 3000   # more demonstrations
+    python results/diagnosis/model_screen.py ws_h128_alias --epochs 4 --minibatch-size 32   # any rspo.py flag
+    python results/diagnosis/model_screen.py ws_h128_copy_alias --epochs 4   # a copy term in the output (copy_bias)
 
 One JSON line per run to model_screen.jsonl: the variant, its parameters, the number of demonstrations, and per
 epoch the token-mean NLL, held-out success on both splits, seconds since the demonstrations were played, and
