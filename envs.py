@@ -2021,7 +2021,7 @@ class PositionNamedResults:
     rewards are unchanged underneath, and every other method and attribute is the env's."""
 
     def __init__(self, env):
-        self.env, self.to_name, self.to_asin = env, {}, {}
+        self.env, self.to_name = env, {}   # this page's ASIN (as clicked) -> its name
 
     def __getattr__(self, name):
         return getattr(self.env, name)
@@ -2034,7 +2034,6 @@ class PositionNamedResults:
             clicks = [arg for name, arg in map(parse_action, info["admissible_actions"]) if name == "click"]
             listed = sorted((obs.find(c.upper()), c) for c in clicks if c.upper() in obs)
         self.to_name = {c: name for name, (_, c) in zip(POSITION_NAMES, listed)}
-        self.to_asin = {name: c for c, name in self.to_name.items()}
         for c, name in self.to_name.items():
             obs = obs.replace(c.upper(), name)
         return obs, {**info, "admissible_actions": sorted(self._named(a) for a in info["admissible_actions"])}
@@ -2048,8 +2047,9 @@ class PositionNamedResults:
 
     def step(self, action):
         name, arg = parse_action(action)
-        if name == "click" and arg in self.to_asin:
-            action = f"click[{self.to_asin[arg]}]"
+        to_asin = {named: c for c, named in self.to_name.items()}
+        if name == "click" and arg in to_asin:
+            action = f"click[{to_asin[arg]}]"
         obs, reward, done, info = self.env.step(action)
         obs, info = self._rename(obs, info)
         return obs, reward, done, info
