@@ -743,8 +743,8 @@ def build_tiny_model(vocab_size, tok, seed):
 
 
 def saved_settings(model):
-    """How a model saved by this script was trained (model/rspo.json: prompt, action mode, lr), or {}: a saved
-    tiny model passed back as --model DIR is run the way it learned."""
+    """How a model saved by this script was trained (model/rspo.json: prompt, action mode, lr, the copy term's w),
+    or {}: a saved tiny model passed back as --model DIR is run the way it learned."""
     path = os.path.join(os.path.expanduser(model), "rspo.json")
     if not os.path.isfile(path):
         return {}
@@ -827,24 +827,54 @@ def cut_response(row, stop_ids):
     return row
 
 
-class Agent(nn.Module):
-    """A causal LM plus a scalar value head on the last prompt token (used by PPO only)."""
+def copy_features(prompts, vocab):
+    """[B, vocab]: log(1 + n_v), n_v the number of times token v occurs in each prompt (the input of --copy-term)."""
+    counts = torch.zeros(len(prompts), vocab)
+    for row, ids in zip(counts, prompts):
+        row.index_add_(0, torch.tensor(ids, dtype=torch.long), torch.ones(len(ids)))
+    return counts.log1p()
 
-    def __init__(self, lm):
+
+class CopyTerm:
+    """generate's logits processor for --copy-term: the bias Agent.logits adds, added where the sampler draws
+    (HF runs it before the temperature, as Policy.head divides after it: sampler = learner)."""
+
+    def __init__(self, bias):
+        self.bias = bias
+
+    def __call__(self, input_ids, scores):
+        return scores + self.bias.to(scores.device)
+
+
+class Agent(nn.Module):
+    """A causal LM plus a scalar value head on the last prompt token (used by PPO only), and with --copy-term a
+    learned weight w of the copy term."""
+
+    def __init__(self, lm, copy_term=False):
         super().__init__()
         self.lm = lm
         self.value_head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
+        self.copy_weight = nn.Parameter(torch.tensor(1.0)) if copy_term else None
 
     def hidden(self, input_ids, attention_mask):
         """Final (normed) hidden states; logits are computed only where needed, to save memory."""
         return self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                   use_cache=False).last_hidden_state
 
-    def logits(self, hidden):
-        """The output layer on chosen positions' hidden states (check_logits_path: the model's own logits)."""
-        return self.lm.get_output_embeddings()(hidden)
+    def logits(self, hidden, copy=None):
+        """The output layer on chosen positions' hidden states [B, R, H] (check_logits_path: the model's own
+        logits), plus with --copy-term the pointer-style copy term w * copy_features [B, vocab] (See et al., 2017):
+        a token the prompt holds (a product's name, an option's value) is easier to say."""
+        logits = self.lm.get_output_embeddings()(hidden)
+        return logits if copy is None else logits + self.copy_weight * copy.unsqueeze(1)
+
+    def copy_bias(self, prompts):
+        """copy_features of these prompts, or None without --copy-term."""
+        if self.copy_weight is None:
+            return None
+        return copy_features(prompts, self.lm.get_output_embeddings().out_features).to(self.copy_weight.device)
 
 
 def check_logits_path(agent, name):
@@ -929,7 +959,7 @@ class Policy:
 
     def generate(self, prompts, admissibles, temperature):
         """One batched, left-padded generate call (see act)."""
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
         self.agent.eval()
         enc = self.tok.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
         greedy = temperature == 0
@@ -954,8 +984,10 @@ class Policy:
         gen = GenerationConfig(do_sample=not greedy, **({} if greedy else {"temperature": temperature, **neutral}),
                                repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
                                pad_token_id=self.pad_id, eos_token_id=self.stop_ids)
+        bias = self.agent.copy_bias(prompts)
+        processors = None if bias is None else LogitsProcessorList([CopyTerm(self.agent.copy_weight.detach() * bias)])
         with self.autocast(), without_checkpoint_sampling(self.agent.lm):
-            out = self.agent.lm.generate(**enc, generation_config=gen,
+            out = self.agent.lm.generate(**enc, generation_config=gen, logits_processor=processors,
                                          prefix_allowed_tokens_fn=allowed if self.constrained else None)
         results = []
         for b, row in enumerate(out[:, width:].tolist()):
@@ -1006,6 +1038,7 @@ class Policy:
         """Per-token log-probs of the responses at the sampling temperature, under the same decoding
         constraint as sampling, plus entropies and V(s) at the last prompt token."""
         ids, attn, pos, tgt, mask, allowed = self.batch(steps)
+        copy = self.agent.copy_bias([s.prompt_ids for s in steps])
         with self.autocast():
             h = self.agent.hidden(ids, attn)
             h_resp = torch.gather(h, 1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
@@ -1017,7 +1050,8 @@ class Policy:
         # One chunk (a tiny model, short responses) gains nothing from the recomputation.
         recompute = torch.is_grad_enabled() and len(chunks) > 1
         for rows in chunks:
-            args = (h_resp[rows], tgt[rows], None if allowed is None else allowed[rows], temperature, with_entropy)
+            args = (h_resp[rows], tgt[rows], None if allowed is None else allowed[rows],
+                    None if copy is None else copy[rows], temperature, with_entropy)
             lp, ent = (torch.utils.checkpoint.checkpoint(self.head, *args, use_reentrant=False) if recompute
                        else self.head(*args))
             logp.append(lp)
@@ -1034,11 +1068,11 @@ class Policy:
         size = max(1, HEAD_CHUNK_ELEMENTS // (length * vocab))
         return [slice(i, i + size) for i in range(0, batch, size)]
 
-    def head(self, h_resp, tgt, allowed, temperature, with_entropy):
-        """Log-probs of the response tokens (and entropies) from their hidden states: the output layer, the
-        temperature, the decoding constraint and a softmax over the vocabulary."""
+    def head(self, h_resp, tgt, allowed, copy, temperature, with_entropy):
+        """Log-probs of the response tokens (and entropies) from their hidden states: the output layer (and copy
+        term), the temperature, the decoding constraint and a softmax over the vocabulary."""
         with self.autocast():
-            logits = self.agent.logits(h_resp)
+            logits = self.agent.logits(h_resp, copy)
         logits = logits.float() / temperature
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
@@ -1395,6 +1429,8 @@ def build_parser():
     a("--history", type=int, default=2, help="past (observation, action) pairs in the prompt")
     # model, decoding, resources
     a("--model", default="tiny", help="'tiny' (built offline) or a Hugging Face causal LM id / local path / .gguf")
+    a("--copy-term", action=on_off, default=None, help="add w log(1 + count in the prompt) to each token's logit, "
+      "w learned (a pointer-style copy term; default: as a saved --model DIR learned, else off)")
     a("--action-mode", default="auto", choices=["auto", "constrained", "generate"],
       help="constrained: decode only admissible actions (auto for tiny); generate: <think>/<action> text")
     a("--max-new-tokens", type=int, default=256, help="generation budget per step in generate mode")
@@ -1512,6 +1548,8 @@ def validate(cfg):
     cfg.prompt = "compact" if cfg.model == "tiny" else saved.get("prompt", "full")
     if cfg.action_mode == "auto":
         cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
+    if cfg.copy_term is None:
+        cfg.copy_term = "copy_weight" in saved
     if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
         cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
     cfg.explorer_lr = cfg.explorer_lr or cfg.lr
@@ -1561,10 +1599,10 @@ def save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record):
 
 def current_names(settings):
     """Saved settings (a checkpoint's, a run's config.json) under today's names: those written before --reward
-    was renamed --method hold the method as "reward"."""
+    was renamed --method hold the method as "reward"; those written before --copy-term existed ran without it."""
     if "reward" in settings and "method" not in settings:
-        return {("method" if k == "reward" else k): v for k, v in settings.items()}
-    return settings
+        settings = {("method" if k == "reward" else k): v for k, v in settings.items()}
+    return {"copy_term": False, **settings}
 
 
 def load_checkpoint(cfg):
@@ -1690,10 +1728,12 @@ def build_policy(cfg, device, pretrained=None):
     if cfg.gradient_checkpointing:
         enable_checkpointing(lm)
     torch.manual_seed(cfg.seed)
-    agent = Agent(lm)
+    agent = Agent(lm, cfg.copy_term)
     value_head = os.path.join(os.path.expanduser(cfg.model), "value_head.pt")
     if pretrained is None and os.path.isfile(value_head):
         agent.value_head.load_state_dict(torch.load(value_head, map_location="cpu"))
+    if cfg.copy_term and pretrained is None:   # w as a saved model learned it (else its start, 1)
+        agent.copy_weight.data.fill_(saved_settings(cfg.model).get("copy_weight", 1.0))
     agent.to(device)
     check_logits_path(agent, cfg.model)
     return Policy(agent, tok, cfg, device)
@@ -1738,15 +1778,16 @@ def save_atomically(path, save):
 
 def save_model(policy, cfg, path):
     """save_pretrained with the tokenizer, the value head and rspo.json (the prompt, action mode and lr it
-    learned with, so --model PATH runs it the same way). Written beside `path`, then renamed into place."""
+    learned with, and its copy term's w, so --model PATH runs it the same way). Written beside `path`, then renamed into place."""
     tmp, old = path + ".tmp", path + ".old"
     for p in (tmp, old):
         shutil.rmtree(p, ignore_errors=True)
     policy.agent.lm.save_pretrained(tmp)
     policy.tok.save_pretrained(tmp)
     torch.save(policy.agent.value_head.state_dict(), os.path.join(tmp, "value_head.pt"))
+    copy_weight = {} if policy.agent.copy_weight is None else {"copy_weight": policy.agent.copy_weight.item()}
     with open(os.path.join(tmp, "rspo.json"), "w") as f:
-        json.dump({"prompt": cfg.prompt, "action_mode": cfg.action_mode, "lr": cfg.lr}, f)
+        json.dump({"prompt": cfg.prompt, "action_mode": cfg.action_mode, "lr": cfg.lr, **copy_weight}, f)
     if os.path.exists(path):
         os.replace(path, old)
     os.replace(tmp, path)

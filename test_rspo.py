@@ -322,11 +322,15 @@ ACTIONS = ["close fridge 1", "examine cabinet 10", "go to cabinet 1", "go to cab
            "look", "open fridge 1", "take apple 1 from cabinet 1"]
 
 
-def tiny_policy(mode="constrained", seed=0):
+def tiny_policy(mode="constrained", seed=0, copy_weight=None):
+    """A random tiny policy over WORDS; copy_weight: with the copy term, its w set to this."""
     cfg = SimpleNamespace(model="tiny", prompt="compact", action_mode=mode, max_new_tokens=6, generation_batch_size=128,
                           dtype="auto")
     tok = rspo.build_tiny_tokenizer(WORDS)
-    return rspo.Policy(rspo.Agent(rspo.build_tiny_model(len(tok), tok, seed)), tok, cfg, torch.device("cpu"))
+    agent = rspo.Agent(rspo.build_tiny_model(len(tok), tok, seed), copy_term=copy_weight is not None)
+    if copy_weight is not None:
+        agent.copy_weight.data.fill_(copy_weight)
+    return rspo.Policy(agent, tok, cfg, torch.device("cpu"))
 
 
 def test_tiny_tokenizer_is_word_level_and_round_trips(tmp_path):
@@ -354,11 +358,11 @@ def test_constrained_decoding_only_produces_admissible_actions():
                 assert resp == policy.action_ids(action) + [policy.tok.eos_token_id]
 
 
-@pytest.mark.parametrize("mode", ["constrained", "generate"])
-def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mode):
+@pytest.mark.parametrize("mode, copy_weight", [("constrained", None), ("generate", None), ("constrained", 2.0)])
+def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mode, copy_weight):
     """Policy.forward computes the full-vocabulary part in row chunks, recomputed in backward: the log-probs,
     entropies, values and gradients are those of one pass over the whole batch (up to float rounding)."""
-    policy = tiny_policy(mode=mode, seed=2)
+    policy = tiny_policy(mode=mode, seed=2, copy_weight=copy_weight)
     prompts = [policy.encode_prompt(f"task : look . observation : cabinet {i}") for i in (1, 2, 10)]
     steps = [rspo.Step(p, policy.action_ids(a) + [policy.eos_id], ACTIONS, "", a, 0.0, False)
              for p in prompts for a in ACTIONS[:3]]
@@ -378,10 +382,12 @@ def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mod
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, b.abs().max().item()))
 
 
-def test_sampled_distribution_equals_recomputed_logprobs():
-    """What the update's forward pass assigns to each action is the distribution sampling used."""
+@pytest.mark.parametrize("copy_weight", [None, 3.0])
+def test_sampled_distribution_equals_recomputed_logprobs(copy_weight):
+    """What the update's forward pass assigns to each action is the distribution sampling used, with the copy
+    term too (added by Agent.logits in the learner and by CopyTerm in generate)."""
     torch.manual_seed(0)
-    policy = tiny_policy(seed=3)
+    policy = tiny_policy(seed=3, copy_weight=copy_weight)
     with torch.no_grad():   # sharpen the random model: far from uniform (0.44 on one action at T = 1), no action certain
         policy.agent.lm.get_output_embeddings().weight.mul_(5)
     prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
@@ -392,10 +398,37 @@ def test_sampled_distribution_equals_recomputed_logprobs():
             logp, mask, _, _ = policy.forward(steps, temperature)
         probs = logp.sum(1).exp()
         assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)   # the constraint renormalises exactly
+        if copy_weight is not None:   # the term moves the distribution a lot: "open fridge 1" echoes the prompt
+            plain = policy.agent.copy_weight
+            policy.agent.copy_weight = None
+            with torch.no_grad():
+                without = policy.forward(steps, temperature)[0].sum(1).exp()
+            policy.agent.copy_weight = plain
+            assert (probs - without).abs().max() > 0.2
+            assert probs.argmax() == ACTIONS.index("open fridge 1") != without.argmax()
         n = 4000
         counts = Counter(a for _, a, _ in policy.act([prompt] * n, [ACTIONS] * n, temperature))
         for a, p in zip(ACTIONS, probs.tolist()):
             assert counts[a] / n == pytest.approx(p, abs=0.03), (a, temperature)
+
+
+def test_copy_term_by_hand():
+    """copy_features is log(1 + count) of each token in each prompt; the learner's log-probs are the model's own
+    last logits plus w times it, at the temperature (generate mode: no constraint), and w gets a gradient."""
+    expected = torch.tensor([[0, math.log(2), math.log(3), 0, 0], [0, 0, 0, math.log(2), 0]])
+    assert torch.allclose(rspo.copy_features([[1, 2, 2], [3]], 5), expected)
+    policy = tiny_policy(mode="generate", seed=1, copy_weight=2.5)
+    prompt = policy.encode_prompt("task : go to cabinet 1 . observation : cabinet 1 cabinet 10")
+    vocab = len(policy.tok)
+    logp = policy.forward([rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in range(vocab)], 0.7)[0][:, 0]
+    counts = Counter(prompt)
+    bias = torch.tensor([math.log(1 + counts[v]) for v in range(vocab)])
+    assert bias[policy.tok.convert_tokens_to_ids("cabinet")] == pytest.approx(math.log(4))
+    with torch.no_grad():
+        own = policy.agent.lm(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert torch.allclose(logp.detach(), torch.log_softmax((own + 2.5 * bias) / 0.7, -1), atol=1e-5)
+    logp[policy.tok.convert_tokens_to_ids("cabinet")].backward()
+    assert policy.agent.copy_weight.grad.abs() > 0
 
 
 def test_generate_mode_parses_and_flags_invalid():
@@ -442,12 +475,16 @@ def test_generate_mode_samples_the_distribution_the_learner_scores():
             assert counts[v] / n == pytest.approx(p, abs=0.025), (policy.tok.convert_ids_to_tokens(v), temperature)
 
 
-@pytest.mark.parametrize("mode, temperature, expected", [
-    ("generate", 1.0, []), ("generate", 0.6, ["TemperatureLogitsWarper"]), ("generate", 0.0, []),
-    ("constrained", 0.6, ["PrefixConstrainedLogitsProcessor", "TemperatureLogitsWarper"]),
+@pytest.mark.parametrize("mode, temperature, copy_weight, expected", [
+    ("generate", 1.0, None, []), ("generate", 0.6, None, ["TemperatureLogitsWarper"]), ("generate", 0.0, None, []),
+    ("constrained", 0.6, None, ["PrefixConstrainedLogitsProcessor", "TemperatureLogitsWarper"]),
+    ("constrained", 0.6, 1.0, ["PrefixConstrainedLogitsProcessor", "CopyTerm", "TemperatureLogitsWarper"]),
 ])
-def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, expected):
-    policy = qwen_defaults(tiny_policy(mode=mode))
+def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, copy_weight,
+                                                                  expected):
+    """Only the constraint, the copy term and the temperature shape what is sampled, the copy term before the
+    temperature (Policy.head adds it, then divides)."""
+    policy = qwen_defaults(tiny_policy(mode=mode, copy_weight=copy_weight))
     lm, built = policy.agent.lm, []
     real = lm._get_logits_processor
 
@@ -717,11 +754,11 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     assert "has other settings: explorer_lr=0.0001 there, 0.01 here; lr=0.0001 there, 0.01 here" \
         in capsys.readouterr().err
     assert _metrics(tmp_path / "ck")[-1]["update"] == 1
-    # a checkpoint written before --reward was renamed --method holds the setting as "reward": the same run
+    # a checkpoint written before --reward was renamed --method (and before --copy-term) holds the method as "reward"
     path = tmp_path / "ck" / rspo.CHECKPOINT
     checkpoint = torch.load(path, weights_only=False)
     settings = checkpoint["settings"]
-    checkpoint["settings"] = {("reward" if k == "method" else k): v for k, v in settings.items()}
+    checkpoint["settings"] = {("reward" if k == "method" else k): v for k, v in settings.items() if k != "copy_term"}
     torch.save(checkpoint, path)
     assert [r["update"] for r in run(tmp_path / "ck", "--updates", "1", "--save-every", "1", "--resume")] == [0, 1]
     again = run(tmp_path, "--updates", "2", "--overwrite")
@@ -730,17 +767,19 @@ def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
 
 def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     """--model DIR with a model this script saved: the compact prompt, constrained decoding, its learning rate,
-    the tokenizer and the PPO value head it learned."""
+    the tokenizer, the PPO value head and the copy term's w it learned."""
     rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--method", "dense", "--env",
-               "webshop", "--updates", "1", "--lr", "0.003"])
+               "webshop", "--updates", "1", "--lr", "0.003", "--copy-term"])
     saved = tmp_path / "a" / "model"
     assert not (tmp_path / "a" / "model.tmp").exists()
     cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--model", str(saved)]))
-    assert (cfg.prompt, cfg.action_mode, cfg.lr) == ("compact", "constrained", 0.003)
+    assert (cfg.prompt, cfg.action_mode, cfg.lr, cfg.copy_term) == ("compact", "constrained", 0.003, True)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
     head = torch.load(saved / "value_head.pt")
     assert head["weight"].abs().sum() > 0   # PPO trained it away from its zero start
     assert torch.equal(policy.agent.value_head.weight, head["weight"])
+    w = json.loads((saved / "rspo.json").read_text())["copy_weight"]
+    assert w != 1.0 and policy.agent.copy_weight.item() == pytest.approx(w)   # learned away from its start, 1
     assert policy.compact and policy.constrained
     assert policy.tok("search", add_special_tokens=False).input_ids == \
         rspo.build_policy(rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"])),
