@@ -2502,6 +2502,19 @@ def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(repr
                 assert reproduce.flag(reproduce.command("main", env, algo, method, 0), "--vf-coef") is None
 
 
+def test_reproduce_gives_webshop_its_named_results_and_copy_term(reproduce):
+    """WebShop's settings since results/calibration/README.md's last section: every WebShop command, of every
+    experiment, method and algorithm, runs with the results named by position and the copy term; ALFWorld's with
+    neither. rspo.py reads them so."""
+    for experiment, (methods, algos, env_names) in reproduce.EXPERIMENTS.items():
+        for env, algo, method in itertools.product(env_names, algos, methods):
+            cmd = reproduce.command(experiment, env, algo, method, 0)
+            named = reproduce.flag(cmd, "--env-options") == '{"results_names": "position"}'
+            assert named == ("--copy-term" in cmd) == (env == "webshop"), (experiment, env, algo, method)
+    cfg = rspo.validate(rspo.build_parser().parse_args(reproduce.command("main", "webshop", "grpo", "outcome", 0)[2:]))
+    assert cfg.copy_term and cfg.env_options["results_names"] == "position"
+
+
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):
     """command.txt must be this job's command exactly: a run made with any other flag (here not --updates),
     or by hand without command.txt, is not complete and execute leaves it as it is. The same command, cut

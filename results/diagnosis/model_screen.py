@@ -10,7 +10,7 @@ the compact template, or the tokenizer) in this process only.
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 3   # WebShop, results named item1, item2, ...
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 8 --demos 3000   # more demonstrations
     python results/diagnosis/model_screen.py ws_h128_alias --epochs 4 --minibatch-size 32   # any rspo.py flag
-    python results/diagnosis/model_screen.py ws_h128_copy_alias --epochs 4   # a copy term in the output (copy_bias)
+    python results/diagnosis/model_screen.py ws_h128_copy_alias --epochs 4   # a copy term in the output (--copy-term)
 
 One JSON line per run to model_screen.jsonl: the variant, its parameters, the number of demonstrations, and per
 epoch the token-mean NLL, held-out success on both splits, seconds since the demonstrations were played, and
@@ -47,7 +47,8 @@ VARIANTS = {
     "ws_h128_lower": ("llama", 128, 2, 4, None),
     # the policy sees and clicks a results page's products as item1, item2, ... (envs.PositionNamedResults)
     "ws_h128_alias": ("llama", 128, 2, 4, None),
-    # a pointer-style copy term in the output (copy_bias below): WebShop with the same rendering, and ALFWorld
+    # a pointer-style copy term in the output (rspo.py's --copy-term; the earlier rows ran a monkeypatch of the same
+    # computation, copy_bias in 6b33a7b): WebShop with the same rendering, and ALFWorld
     "ws_h128_copy_alias": ("llama", 128, 2, 4, None),
     "h128_copy": ("llama", 128, 2, 4, None),
     # wider, or deeper, with the same rendering: is the option copy a matter of capacity?
@@ -67,47 +68,6 @@ def alias_results():
     make, vocab = rspo.envs.make_env, rspo.tiny_vocabulary
     rspo.envs.make_env = lambda *a, **k: make(*a, **{**k, "results_names": "position"})
     rspo.tiny_vocabulary = lambda name, backend, options: vocab(name, backend, {**options, "results_names": "position"})
-
-
-def copy_bias(policy):
-    """A pointer-style copy term (as in pointer-generator networks), in this process only: logit(v) += w * log(1 + n_v),
-    n_v the count of token v in the step's prompt, w one learned scalar (starts at 1). Added where the policy learns
-    (Agent.logits, under Policy.forward) and where it samples (a logits processor of generate, which HF applies
-    before the temperature, as Policy.head does), so sampler and learner stay one distribution."""
-    from transformers import LogitsProcessor, LogitsProcessorList
-    agent, forward = policy.agent, policy.forward
-    agent.copy_w = torch.nn.Parameter(torch.tensor(1.0))   # an agent parameter, so the optimizers train it
-    vocab = agent.lm.get_output_embeddings().out_features
-    logits, generate, current = agent.logits, agent.lm.generate, {}
-
-    def counts(rows):
-        c = torch.zeros(len(rows), vocab)
-        for i, r in enumerate(rows):
-            c[i].index_add_(0, torch.tensor(r), torch.ones(len(r)))
-        return torch.log1p(c)
-
-    def patched_forward(steps, *a, **k):
-        current["bias"] = counts([s.prompt_ids for s in steps])
-        return forward(steps, *a, **k)
-
-    def patched_logits(hidden):
-        bias = current["bias"]
-        assert hidden.shape[0] == bias.shape[0], "one head chunk per batch (tiny model)"
-        return logits(hidden) + agent.copy_w * bias.unsqueeze(1)
-
-    class CopyBias(LogitsProcessor):
-        def __init__(self, bias):
-            self.bias = bias
-
-        def __call__(self, input_ids, scores):
-            return scores + agent.copy_w.detach() * self.bias
-
-    def patched_generate(input_ids, attention_mask, **k):
-        bias = counts([row[m.bool()].tolist() for row, m in zip(input_ids, attention_mask)])
-        return generate(input_ids=input_ids, attention_mask=attention_mask,
-                        logits_processor=LogitsProcessorList([CopyBias(bias)]), **k)
-
-    policy.forward, agent.logits, agent.lm.generate = patched_forward, patched_logits, patched_generate
 
 
 def builder(arch, hidden, layers, heads):
@@ -164,14 +124,12 @@ def main():
            ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
     cfg = rspo.validate(rspo.build_parser().parse_args(
         [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", str(args.demos), "--no-progress",
-         *rspo_flags]))
+         *(["--copy-term"] if "_copy" in args.variant else []), *rspo_flags]))
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
-    if "_copy" in args.variant:
-        copy_bias(policy)
     start = time.time()
     # rspo.warm_start's data, optimizer, minibatches and RNG stream, with an evaluation after every epoch
     trajs = rspo.rollout(policy, cfg, range(cfg.warm_start), group_size=1,
@@ -198,7 +156,7 @@ def main():
                    for i, split in enumerate(cfg.eval_split.split(","))}
         curve.append({"epoch": epoch, "nll": float(np.mean(nll)), **success, "score": ev["eval/score"],
                       "seconds": time.time() - start, "demo_prob": demo_prob(policy, held, cfg),
-                      **({"copy_w": policy.agent.copy_w.item()} if "_copy" in args.variant else {})})
+                      **({"copy_w": policy.agent.copy_weight.item()} if cfg.copy_term else {})})
         print(args.variant, curve[-1], flush=True)
     with open(os.path.join(HERE, "model_screen.jsonl"), "a") as f:
         f.write(json.dumps({"variant": args.variant, "seed": args.seed, "demos": args.demos, "flags": rspo_flags,
