@@ -522,7 +522,7 @@ def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
     from transformers import AutoModelForCausalLM, Gemma2Config
     small = dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=2, head_dim=8)
-    cfg = SimpleNamespace(model="gemma-2-like", gradient_checkpointing=False, seed=0)
+    cfg = SimpleNamespace(model="gemma-2-like", gradient_checkpointing=False, seed=0, copy_term=False)
     capped = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=1.0))
     with pytest.raises(rspo.ConfigError, match="gemma-2-like: its logits are not its output layer"):
         rspo.build_policy(cfg, torch.device("cpu"), (capped, None))
