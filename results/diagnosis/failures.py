@@ -4,22 +4,29 @@
     python results/diagnosis/failures.py alfworld --model runs/grpo_u60/model   # a saved policy (below)
     python results/diagnosis/failures.py alfworld --model runs/h128_l4 --warm-start 1000   # a larger model, imitated
     python results/diagnosis/failures.py webshop [--lowercase | --alias]
+    python results/diagnosis/failures.py webshop --alias --copy-term     # the main WebShop settings' warm start
+    python results/diagnosis/failures.py webshop --alias --seed 0 --model runs/ws_copy_s0/model   # and its RL (below)
 
 The policy samples every held-out task at the evaluation temperature (rspo.evaluate's panel and RNG stream, so its
-success equals the run's eval/success). At each step the searching demonstrator's action in the same state is
-recorded beside the policy's (envs `searching_action()`: what a non-privileged expert would do here).
-ALFWorld: each failed episode is classified by what happened to the task's object (taken / seen but never taken /
-never seen; and whether another object was taken). WebShop: agreement with the demonstrator by the kind of step
-it takes (search, product click, option, navigation, buy), on test tasks and on train tasks the demonstrations
-did not cover. --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
+success equals the run's eval/success; the searching demonstrator's own success on the panel is printed beside it).
+At each step the searching demonstrator's action in the same state is recorded beside the policy's (envs
+`searching_action()`: what a non-privileged expert would do here). ALFWorld: each failed episode is classified by
+what happened to the task's object (taken / seen but never taken / never seen; and whether another object was
+taken). WebShop: agreement with the demonstrator by the kind of step it takes (search, product click, option,
+navigation, buy), on test tasks and on train tasks the demonstrations did not cover, and each failed episode by
+whether it bought, whether the goal's product, and which of the reward's terms fell short (type, attributes,
+options, price). --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
 page and 'b0abc' in the click, for 'Office' and 'office'); --alias shows and clicks a results page's products as
-item1, item2, ... (envs.PositionNamedResults). rspo.py is not changed.
+item1, item2, ... (rspo.py's `--env-options '{"results_names": "position"}'`). Any other flag goes to rspo.py's
+parser (e.g. --copy-term for a warm start with the copy term; a saved model brings its own). rspo.py is not changed.
 
 runs/grpo_u60 is GRPO seed 0 of the main settings stopped at update 60 (its training equals
 ../main/alfworld_grpo_outcome_s0's up to there; only the evaluation schedule differs), saving its model:
     python rspo.py --env alfworld --num-groups 8 --group-size 8 --max-steps 30 --warm-start 1000 --warm-start-epochs 3 \
       --lr 1e-4 --updates 60 --eval-every 20 --eval-episodes 140 --algo grpo --method outcome --seed 0 \
       --output-dir runs/grpo_u60 --no-progress
+runs/ws_copy_sS is ../main/webshop_grpo_outcome_sS's command (from its command.txt) with `--output-dir runs/ws_copy_sS`
+and without `--no-save-model`; its metrics equal that run's record for record.
 """
 import argparse
 import collections
@@ -75,6 +82,19 @@ def play(policy, cfg, split, seeds):
     return trajs, log
 
 
+def demonstrator_success(cfg, split, seeds):
+    """The searching demonstrator's own success on the panel (what imitation could reach)."""
+    won = []
+    for seed in seeds:
+        env = envs.make_env(cfg.env, split=split, seed=seed, backend=cfg.backend, **cfg.env_options)
+        _, info = env.reset()
+        done = False
+        while not done:
+            _, _, done, info = env.step(env.searching_action())
+        won.append(info["won"])
+    return 100 * np.mean(won)
+
+
 def alfworld_failures(trajs, split):
     counts = collections.Counter()
     for t in trajs:
@@ -89,6 +109,37 @@ def alfworld_failures(trajs, split):
     return counts
 
 
+def webshop_failures(trajs, split, cfg):
+    """Each failed episode replayed in a fresh env: did it buy, was it the goal's product, and which of the reward's
+    terms (envs.webshop_reward) fell short: type, attributes, options, price. Also: how episodes that went back from a
+    product page ended, against those that did not (the demonstrator goes back when a named value is not offered)."""
+    counts = collections.Counter()
+    for t in trajs:
+        env = envs.make_env("webshop", split=split, seed=t.task_seed, backend=cfg.backend, **cfg.env_options)
+        env.reset()
+        inner, listed, short, back = getattr(env, "env", env), False, None, False   # under PositionNamedResults
+        for s in t.steps:
+            back |= inner.page == "item" and s.action == "click[< prev]"
+            if s.action == "click[buy now]":
+                product, goal = inner._product(), inner.goal
+                values, attrs = list(goal["goal_options"].values()), goal["attributes"]
+                short = [name for name, missed in (
+                    ("type", envs.webshop_type_reward(product, goal) < 1),
+                    ("attributes", envs.webshop_attribute_matches(product, attrs) < len(attrs)),
+                    ("options", envs.webshop_option_matches(product, values, inner.options) < len(values)),
+                    ("price", product["price"] > goal["price_upper"])) if missed]
+                what = "the goal's product" if inner.asin == inner.target else "another product" + (
+                    " (the goal's was listed on a page it saw)" if listed else "")
+            env.step(s.action)
+            listed |= inner.page == "results" and inner.target in inner.results[
+                (inner.page_num - 1) * envs.PRODUCT_WINDOW:inner.page_num * envs.PRODUCT_WINDOW]
+        counts["won" if t.won else "failed: never bought" if short is None else
+               f"failed: bought {what}, short on {'+'.join(short)}"] += 1
+        counts[f"episodes that {'went back from a product page' if back else 'never went back'}, "
+               f"{'won' if t.won else 'failed'}"] += 1
+    return counts
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("env", choices=["alfworld", "webshop"])
@@ -97,14 +148,13 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lowercase", action="store_true")
     p.add_argument("--alias", action="store_true")
-    a = p.parse_args()
+    a, rspo_flags = p.parse_known_args()
     if a.lowercase:
         lowercase_tokenizer()
-    if a.alias:
-        import model_screen   # here, not at the top: it imports this module
-        model_screen.alias_results()
     cfg = rspo.build_parser().parse_args(["--env", a.env, "--model", a.model, "--seed", str(a.seed), *SETTINGS[a.env]]
-                                         + ([] if a.warm_start is None else ["--warm-start", str(a.warm_start)]))
+                                         + ([] if a.warm_start is None else ["--warm-start", str(a.warm_start)])
+                                         + (["--env-options", '{"results_names": "position"}'] if a.alias else [])
+                                         + rspo_flags)
     rspo.validate(cfg)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
@@ -119,7 +169,8 @@ def main():
     for split, seeds in panels:
         trajs, log = play(policy, cfg, split, seeds)
         print(f"{split}: success {100 * np.mean([t.won for t in trajs]):.1f} % of {len(trajs)}, "
-              f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}")
+              f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}; "
+              f"the searching demonstrator alone: {demonstrator_success(cfg, split, seeds):.1f} %")
         by_kind, took = collections.defaultdict(list), collections.defaultdict(collections.Counter)
         for kind, same, own in log:
             by_kind[kind].append(same)
@@ -128,9 +179,9 @@ def main():
             f"{k} {100 * np.mean(v):.0f} % of {len(v)}" for k, v in sorted(by_kind.items())))
         print("  the policy's kind of step where the demonstrator's was: " + "; ".join(
             f"{k}: " + ", ".join(f"{o} {n}" for o, n in c.most_common()) for k, c in sorted(took.items())))
-        if a.env == "alfworld":
-            for what, n in sorted(alfworld_failures(trajs, split).items(), key=lambda kv: -kv[1]):
-                print(f"  {n:4d}  {what}")
+        failed = alfworld_failures(trajs, split) if a.env == "alfworld" else webshop_failures(trajs, split, cfg)
+        for what, n in sorted(failed.items(), key=lambda kv: (kv[0].startswith("episodes"), -kv[1])):
+            print(f"  {n:4d}  {what}")
 
 
 if __name__ == "__main__":

@@ -62,14 +62,6 @@ def clicked(action):
     return action[len("click["):-1] if action.startswith("click[") else None
 
 
-def alias_results():
-    """Every env of this process with its results named by position (envs.PositionNamedResults), the aliases in the
-    tiny vocabulary: what rspo.py's `--env-options '{"results_names": "position"}'` does."""
-    make, vocab = rspo.envs.make_env, rspo.tiny_vocabulary
-    rspo.envs.make_env = lambda *a, **k: make(*a, **{**k, "results_names": "position"})
-    rspo.tiny_vocabulary = lambda name, backend, options: vocab(name, backend, {**options, "results_names": "position"})
-
-
 def builder(arch, hidden, layers, heads):
     """rspo.build_tiny_model with another size or architecture (FFN 4 x hidden, tied embeddings, seeded alike)."""
     def build(vocab_size, tok, seed):
@@ -117,13 +109,12 @@ def main():
         rspo.COMPACT_TEMPLATE = template
     if args.variant.endswith("_lower"):
         failures.lowercase_tokenizer()
-    if args.variant.endswith("_alias"):
-        alias_results()
     env = (["--env", "webshop", "--max-steps", "10", "--eval-episodes", "256", "--eval-split", "test"]
            if args.variant.startswith("ws_") else
            ["--env", "alfworld", "--eval-episodes", "140", "--eval-split", "valid_seen,valid_unseen"])
     cfg = rspo.validate(rspo.build_parser().parse_args(
         [*env, "--seed", str(args.seed), "--method", "outcome", "--warm-start", str(args.demos), "--no-progress",
+         *(["--env-options", '{"results_names": "position"}'] if "_alias" in args.variant else []),
          *(["--copy-term"] if "_copy" in args.variant else []), *rspo_flags]))
     random.seed(args.seed)
     np.random.seed(args.seed)

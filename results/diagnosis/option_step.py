@@ -3,7 +3,7 @@
     python results/diagnosis/option_step.py --epochs 3     # the aliased warm start of the main settings, seed 0
     python results/diagnosis/option_step.py --epochs 8
 
-Trains rspo.warm_start (main settings, seed 0; results named item1, item2, ... by envs.PositionNamedResults), plays
+Trains rspo.warm_start (main settings, seed 0; results named item1, item2, ... by --env-options), plays
 the searching demonstrator on the 256 `test` tasks, and at every step where it clicks an option value scores each
 admissible action under the policy (T = 1, the decoding constraint). Prints, separately for the page's first
 option click and the second (one value already chosen): the mean probability of the demonstrator's value, of the
@@ -36,10 +36,9 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    model_screen.alias_results()
     cfg = rspo.validate(rspo.build_parser().parse_args(
-        ["--env", "webshop", "--max-steps", "10", "--warm-start", "1000", "--warm-start-epochs", str(a.epochs),
-         "--seed", str(a.seed), "--no-progress"]))
+        ["--env", "webshop", "--env-options", '{"results_names": "position"}', "--max-steps", "10",
+         "--warm-start", "1000", "--warm-start-epochs", str(a.epochs), "--seed", str(a.seed), "--no-progress"]))
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
@@ -50,7 +49,7 @@ def main():
                          act=rspo.expert_actor(policy, 0.0, None, searching=True))
     table = collections.defaultdict(lambda: collections.defaultdict(list))
     for t in trajs:
-        env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, max_steps=10)
+        env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, max_steps=10, results_names="position")
         env.reset()
         for s in t.steps:
             if failures.step_kind("webshop", s.action) == "option":
