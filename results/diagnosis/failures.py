@@ -82,17 +82,20 @@ def play(policy, cfg, split, seeds):
     return trajs, log
 
 
-def demonstrator_success(cfg, split, seeds):
-    """The searching demonstrator's own success on the panel (what imitation could reach)."""
-    won = []
+def demonstrator(cfg, split, seeds):
+    """The searching demonstrator's own episodes on the panel (what imitation could reach), as trajectories with
+    the fields the failure counts read."""
+    trajs = []
     for seed in seeds:
         env = envs.make_env(cfg.env, split=split, seed=seed, backend=cfg.backend, **cfg.env_options)
         _, info = env.reset()
-        done = False
+        steps, done = [], False
         while not done:
-            _, _, done, info = env.step(env.searching_action())
-        won.append(info["won"])
-    return 100 * np.mean(won)
+            action = env.searching_action()
+            _, _, done, info = env.step(action)
+            steps.append(argparse.Namespace(action=action))
+        trajs.append(argparse.Namespace(won=info["won"], task_seed=seed, steps=steps))
+    return trajs
 
 
 def alfworld_failures(trajs, split):
@@ -112,14 +115,16 @@ def alfworld_failures(trajs, split):
 def webshop_failures(trajs, split, cfg):
     """Each failed episode replayed in a fresh env: did it buy, was it the goal's product, and which of the reward's
     terms (envs.webshop_reward) fell short: type, attributes, options, price. Also: how episodes that went back from a
-    product page ended, against those that did not (the demonstrator goes back when a named value is not offered)."""
+    product page ended (the demonstrator goes back when a named value is not offered, and never reopens a product)."""
     counts = collections.Counter()
     for t in trajs:
         env = envs.make_env("webshop", split=split, seed=t.task_seed, backend=cfg.backend, **cfg.env_options)
         env.reset()
-        inner, listed, short, back = getattr(env, "env", env), False, None, False   # under PositionNamedResults
+        inner, listed, short = getattr(env, "env", env), False, None   # the env under PositionNamedResults, if any
+        back, opened, reopened = False, set(), False
         for s in t.steps:
             back |= inner.page == "item" and s.action == "click[< prev]"
+            on_results = inner.page == "results"
             if s.action == "click[buy now]":
                 product, goal = inner._product(), inner.goal
                 values, attrs = list(goal["goal_options"].values()), goal["attributes"]
@@ -131,12 +136,16 @@ def webshop_failures(trajs, split, cfg):
                 what = "the goal's product" if inner.asin == inner.target else "another product" + (
                     " (the goal's was listed on a page it saw)" if listed else "")
             env.step(s.action)
+            if on_results and inner.page == "item":   # a product opened: one it had opened before?
+                reopened |= inner.asin in opened
+                opened.add(inner.asin)
             listed |= inner.page == "results" and inner.target in inner.results[
                 (inner.page_num - 1) * envs.PRODUCT_WINDOW:inner.page_num * envs.PRODUCT_WINDOW]
         counts["won" if t.won else "failed: never bought" if short is None else
                f"failed: bought {what}, short on {'+'.join(short)}"] += 1
-        counts[f"episodes that {'went back from a product page' if back else 'never went back'}, "
-               f"{'won' if t.won else 'failed'}"] += 1
+        path = ("went back from a product page and reopened one" if reopened else
+                "went back from a product page, opened only new ones" if back else "never went back")
+        counts[f"episodes that {path}, {'won' if t.won else 'failed'}"] += 1
     return counts
 
 
@@ -168,9 +177,10 @@ def main():
         panels.append(("train", range(2000, 2000 + cfg.eval_episodes)))
     for split, seeds in panels:
         trajs, log = play(policy, cfg, split, seeds)
+        demo = demonstrator(cfg, split, seeds)
         print(f"{split}: success {100 * np.mean([t.won for t in trajs]):.1f} % of {len(trajs)}, "
               f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}; "
-              f"the searching demonstrator alone: {demonstrator_success(cfg, split, seeds):.1f} %")
+              f"the searching demonstrator alone: {100 * np.mean([t.won for t in demo]):.1f} %")
         by_kind, took = collections.defaultdict(list), collections.defaultdict(collections.Counter)
         for kind, same, own in log:
             by_kind[kind].append(same)
@@ -182,6 +192,9 @@ def main():
         failed = alfworld_failures(trajs, split) if a.env == "alfworld" else webshop_failures(trajs, split, cfg)
         for what, n in sorted(failed.items(), key=lambda kv: (kv[0].startswith("episodes"), -kv[1])):
             print(f"  {n:4d}  {what}")
+        if a.env == "webshop":
+            print("  the demonstrator's: " + "; ".join(f"{n} {what[len('episodes that '):]}" for what, n in sorted(
+                webshop_failures(demo, split, cfg).items()) if what.startswith("episodes")))
 
 
 if __name__ == "__main__":
