@@ -15,10 +15,12 @@ what happened to the task's object (taken / seen but never taken / never seen; a
 taken). WebShop: agreement with the demonstrator by the kind of step it takes (search, product click, option,
 navigation, buy), on test tasks and on train tasks the demonstrations did not cover, and each failed episode by
 whether it bought, whether the goal's product, and which of the reward's terms fell short (type, attributes,
-options, price). --lowercase gives the tiny model a lower-cased word-level tokenizer (one token for 'B0ABC' in a
-page and 'b0abc' in the click, for 'Office' and 'office'); --alias shows and clicks a results page's products as
-item1, item2, ... (rspo.py's `--env-options '{"results_names": "position"}'`). Any other flag goes to rspo.py's
-parser (e.g. --copy-term for a warm start with the copy term; a saved model brings its own). rspo.py is not changed.
+options, price); and, for the policy's episodes and the demonstrator's, how those that went back from a product page
+ended (reopening a product left before, or opening only new ones). --lowercase gives the tiny model a lower-cased
+word-level tokenizer (one token for 'B0ABC' in a page and 'b0abc' in the click, for 'Office' and 'office'); --alias
+shows and clicks a results page's products as item1, item2, ... (rspo.py's `--env-options
+'{"results_names": "position"}'`). Any other flag goes to rspo.py's parser (e.g. --copy-term for a warm start with
+the copy term; a saved model brings its own). rspo.py is not changed.
 
 runs/grpo_u60 is GRPO seed 0 of the main settings stopped at update 60 (its training equals
 ../main/alfworld_grpo_outcome_s0's up to there; only the evaluation schedule differs), saving its model:
