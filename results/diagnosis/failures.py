@@ -124,6 +124,7 @@ def webshop_failures(trajs, split, cfg):
         env.reset()
         inner, listed, short = getattr(env, "env", env), False, None   # the env under PositionNamedResults, if any
         back, opened, reopened = False, set(), False
+        target_asin = inner.catalog.products[inner.target]["asin"].lower()
         for s in t.steps:
             back |= inner.page == "item" and s.action == "click[< prev]"
             on_results = inner.page == "results"
@@ -141,8 +142,7 @@ def webshop_failures(trajs, split, cfg):
             if on_results and inner.page == "item":   # a product opened: one it had opened before?
                 reopened |= inner.asin in opened
                 opened.add(inner.asin)
-            listed |= inner.page == "results" and inner.target in inner.results[
-                (inner.page_num - 1) * envs.PRODUCT_WINDOW:inner.page_num * envs.PRODUCT_WINDOW]
+            listed |= inner.page == "results" and target_asin in inner.clickables()   # the page's own listing
         counts["won" if t.won else "failed: never bought" if short is None else
                f"failed: bought {what}, short on {'+'.join(short)}"] += 1
         path = ("went back from a product page and reopened one" if reopened else

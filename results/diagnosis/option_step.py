@@ -49,7 +49,7 @@ def main():
                          act=rspo.expert_actor(policy, 0.0, None, searching=True))
     table = collections.defaultdict(lambda: collections.defaultdict(list))
     for t in trajs:
-        env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, max_steps=10, results_names="position")
+        env = rspo.envs.make_env("webshop", split="test", seed=t.task_seed, **cfg.env_options)   # as rollout
         env.reset()
         for s in t.steps:
             if failures.step_kind("webshop", s.action) == "option":
