@@ -18,8 +18,9 @@ names the results/<experiment>/<run>/ it was written to; the rerun goes to a tem
 a commit from before `--reward` was renamed `--method` is given `--reward`, see for_old_trainer).
 
 New runs go to results/. results/archive/ (a tiny agent trained from scratch), results/archive_h64/ (the
-hidden-64 agent, warm-started) and results/archive_webshop_asin/ (WebShop with its results named by ASIN and no
-copy term) hold the earlier regimes' runs, moved there unchanged (see their READMEs):
+hidden-64 agent, warm-started), results/archive_webshop_asin/ (WebShop with its results named by ASIN and no
+copy term) and results/archive_webshop_cap10/ (WebShop episodes cut at 10 steps) hold the earlier regimes' runs,
+moved there unchanged (see their READMEs):
 --report --results DIR rebuilds a directory's final.csv, tables and figures, and --verify reruns any run.
 
 Every method in a comparison shares the environment settings, seeds, evaluation panel and budget of
@@ -59,9 +60,10 @@ SETTINGS = {
     "alfworld": ["--env", "alfworld", "--num-groups", "8", "--group-size", "8", "--max-steps", "30", *WARM,
                  "--updates", "100", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "valid_seen,valid_unseen"],
     # WebShop's results named item1 ... item10 and the copy term: without them the tiny policy cannot say the product
-    # or the option it means (results/calibration/README.md, the last two sections; 15.6 -> 37.6 %)
+    # or the option it means (results/calibration/README.md, the last two sections; 15.6 -> 37.6 %); episodes of up to
+    # 15 steps, the benchmark's own cap (results/README.md, pre-registration 12)
     "webshop": ["--env", "webshop", "--env-options", '{"results_names": "position"}', "--copy-term", "--num-groups", "8",
-                "--group-size", "8", "--max-steps", "10", *WARM,
+                "--group-size", "8", "--max-steps", "15", *WARM,
                 "--updates", "40", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "test"],
 }
 # Per base algorithm, for every method and environment alike: PPO's value loss at a fifth of its default weight
