@@ -1,7 +1,7 @@
 """Tests for rspo.py and envs.py.
 
-    python -m pytest -q test_rspo.py                # the default run: a few minutes on 2 cores
-    RSPO_SLOW=1 python -m pytest -q test_rspo.py    # + 100 real-engine layouts per ALFWorld task type
+    python -m pytest -q -n 2 test_rspo.py                # the default run (CI's): two processes (pytest-xdist)
+    RSPO_SLOW=1 python -m pytest -q -n 2 test_rspo.py    # + 100 real-engine layouts per ALFWorld task type
 
 Every formula is checked against values computed by hand (shown in the comments). The ALFWorld
 fidelity tests replay the same actions in the real alfworld==0.4.2 engine (skipped if not installed).
