@@ -22,7 +22,9 @@ for (env, algo, method), evals in sorted(runs.items()):
     short = {"look_at_obj_in_light": "look", "pick_and_place_simple": "pick", "pick_clean_then_place_in_recep": "clean",
              "pick_cool_then_place_in_recep": "cool", "pick_heat_then_place_in_recep": "heat",
              "pick_two_obj_and_place": "two"}
-    labels = [("unseen " if k.startswith("eval_") else "") + short.get(k.split("/")[-1], "all") for k in keys]
+    # eval/success is the whole panel; eval/success/<type> one task type (ALFWorld's) or category (WebShop's)
+    labels = [("unseen " if k.startswith("eval_") else "") + (short.get(k.split("/")[2], k.split("/")[2])
+                                                              if k.count("/") == 2 else "all") for k in keys]
     print("| update | " + " | ".join(labels) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for i, first in enumerate(evals[0]):
