@@ -2637,6 +2637,21 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert git("worktree", "list").count("\n") == 1
 
 
+def test_curves_script_names_each_task_type_and_category(tmp_path):
+    """results/curves.py: one column per evaluation key, named by its task type (ALFWorld's, shortened) or category
+    (WebShop's), "all" for the whole panel; each cell the mean over seeds (hand-computed: (0.5 + 0.25) / 2 = 37.5 %)."""
+    for env, key, seeds in (("alfworld", "pick_and_place_simple", (0.5, 0.25)), ("webshop", "beauty", (0.5, 0.25))):
+        for i, v in enumerate(seeds):
+            run = tmp_path / "main" / f"{env}_grpo_outcome_s{i}"
+            run.mkdir(parents=True)
+            record = {"update": 0, "eval/success": v, f"eval/success/{key}": 1 - v}
+            (run / "metrics.jsonl").write_text(json.dumps(record) + "\n" + json.dumps({"update": 1}) + "\n")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "results", "curves.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| update | all | pick |\n" in out and "| update | all | beauty |\n" in out
+    assert out.count("| 0 | 37.5 | 62.5 |") == 2
+
+
 def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys, monkeypatch):
     """--report --results DIR (the archive) reads the runs under DIR and writes final.csv and tables.md there,
     with each run's path where it lies now; results/ is left alone. --results without --report is refused. The
