@@ -23,8 +23,8 @@ for (env, algo, method), evals in sorted(runs.items()):
              "pick_cool_then_place_in_recep": "cool", "pick_heat_then_place_in_recep": "heat",
              "pick_two_obj_and_place": "two"}
     # eval/success is the whole panel; eval/success/<type> one task type (ALFWorld's) or category (WebShop's)
-    labels = [("unseen " if k.startswith("eval_") else "") + (short.get(k.split("/")[2], k.split("/")[2])
-                                                              if k.count("/") == 2 else "all") for k in keys]
+    kinds = [k.split("/")[2] if k.count("/") == 2 else "all" for k in keys]
+    labels = [("unseen " if k.startswith("eval_") else "") + short.get(kind, kind) for k, kind in zip(keys, kinds)]
     print("| update | " + " | ".join(labels) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for i, first in enumerate(evals[0]):
