@@ -84,22 +84,6 @@ def play(policy, cfg, split, seeds):
     return trajs, log
 
 
-def demonstrator(cfg, split, seeds):
-    """The searching demonstrator's own episodes on the panel (what imitation could reach), as trajectories with
-    the fields the failure counts read."""
-    trajs = []
-    for seed in seeds:
-        env = envs.make_env(cfg.env, split=split, seed=seed, backend=cfg.backend, **cfg.env_options)
-        _, info = env.reset()
-        steps, done = [], False
-        while not done:
-            action = env.searching_action()
-            _, _, done, info = env.step(action)
-            steps.append(argparse.Namespace(action=action))
-        trajs.append(argparse.Namespace(won=info["won"], task_seed=seed, steps=steps))
-    return trajs
-
-
 def alfworld_failures(trajs, split):
     counts = collections.Counter()
     for t in trajs:
@@ -179,7 +163,9 @@ def main():
         panels.append(("train", range(2000, 2000 + cfg.eval_episodes)))
     for split, seeds in panels:
         trajs, log = play(policy, cfg, split, seeds)
-        demo = demonstrator(cfg, split, seeds)
+        # the searching demonstrator's own episodes (what imitation could reach), played as warm_start plays them
+        demo = rspo.rollout(policy, cfg, seeds, split, act=rspo.expert_actor(policy, 0.0, None, searching=True),
+                            group_size=1)
         print(f"{split}: success {100 * np.mean([t.won for t in trajs]):.1f} % of {len(trajs)}, "
               f"mean length {np.mean([len(t.steps) for t in trajs]):.1f}; "
               f"the searching demonstrator alone: {100 * np.mean([t.won for t in demo]):.1f} %")
