@@ -208,7 +208,7 @@ class Step:
     action: str
     dense: float              # the process reward for this step: the env's, or relabelled (relabel_dense)
     invalid: bool             # unparseable response (generate mode)
-    behav_logp: torch.Tensor | None = None  # behaviour policy's log-probs (buffer samples only)
+    behav_logp: torch.Tensor | None = None  # the sampler's log-probs of response_ids (None: a demonstrator's step)
     progress_gain: float = 0.0  # change of the env's aligned info["progress"] (--dense-reward progress, diagnostics)
 
 
@@ -306,8 +306,9 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
     """Play group_size copies of each task seed (same task, same initial state) until every episode ends,
     sampling at `temperature` (default --temperature, the one the update's log-probs use).
     Returns one Trajectory per episode; group g holds the copies of seeds[g].
-    act(prompts, admissibles, environments) -> [(response_ids, action, invalid)] is the action source:
-    the policy's sampler by default, or another agent (expert_actor) whose steps look like the policy's."""
+    act(prompts, admissibles, environments) -> [(response_ids, action, invalid, logp)] is the action source:
+    the policy's sampler by default (logp: its log-probs of the response, the behaviour policy's), or another
+    agent (expert_actor, logp None) whose steps look like the policy's."""
     temperature = cfg.temperature if temperature is None else temperature
     gs = group_size or (cfg.group_size if split == "train" else 1)
     act = act or (lambda prompts, adm, _: policy.act(prompts, adm, temperature))
@@ -331,12 +332,12 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
             prompts.append(policy.encode_prompt(build_prompt(st["info"]["task"], hist, st["obs"], admissible[-1],
                                                              len(st["history"]), policy.compact, cfg.env)))
         actions = act(prompts, admissible, [environments[i] for i in active])
-        for i, prompt, adm, (resp, action, invalid) in zip(active, prompts, admissible, actions):
+        for i, prompt, adm, (resp, action, invalid, logp) in zip(active, prompts, admissible, actions):
             st = live[i]
             obs, _, done, info = environments[i].step(action)
             gain = float(info.get("progress", 0.0)) - float(st["info"].get("progress", 0.0))
             st["steps"].append(Step(prompt, resp, adm if policy.constrained else None, st["obs"], action,
-                                    float(info.get("dense_reward", 0.0)), invalid, progress_gain=gain))
+                                    float(info.get("dense_reward", 0.0)), invalid, logp, gain))
             st["history"].append((st["obs"], action))
             st.update(obs=obs, info=info, done=done)
     return [Trajectory(st["steps"], g, s, st["info"]["task_type"], bool(st["info"]["won"]),
@@ -361,6 +362,24 @@ def evaluate(policy, cfg):
         for kind in sorted({t.task_type for t in trajs}):
             out[f"{prefix}/success/{kind}"] = float(np.mean([t.won for t in trajs if t.task_type == kind]))
     return out
+
+
+FINAL_SEED_OFFSET = 20_000   # final_evaluation's RNG stream: cfg.seed + this
+
+
+def final_evaluation(policy, cfg):
+    """--final-eval-repeats N, after the last update: every task of each --eval-split panel played N times at the
+    evaluation temperature, on its own RNG stream. Its success pools all panels' episodes (final/success; each
+    panel's under final_<split>/success): N times the episodes of one evaluation, so a sampling error about
+    1/sqrt(N) of evaluate's, for the fair test's measure (results/PREREGISTRATIONS.md)."""
+    out, won = {}, []
+    with own_rng(cfg.seed + FINAL_SEED_OFFSET, policy.device):
+        for split in cfg.eval_split.split(","):
+            n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
+            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature, group_size=cfg.final_eval_repeats)
+            out[f"final_{split}/success"] = float(np.mean([t.won for t in trajs]))
+            won += [t.won for t in trajs]
+    return {"final/success": float(np.mean(won)), **out}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,19 +448,28 @@ def score_steps(policy, steps, cfg):
     return logps, values
 
 
-def update(policy, optimizer, trajs, cfg, generator, ref=None):
+def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
     """One update (the unit of the budget): old log-probs and advantages, then `epochs` passes of
-    minibatch SGD on the clipped surrogate (+ KL, entropy, value terms). Fills behav_logp of on-policy
-    steps with pi_old, the policy they were sampled from, so they can be replayed later (RSPO_H)."""
-    steps = [s for t in trajs for s in t.steps]
-    old_logp, old_values = score_steps(policy, steps, cfg)
+    minibatch SGD on the clipped surrogate (+ KL, entropy, value terms). trajs: the policy's own fresh
+    rollouts; replayed: buffer trajectories, sampled by another policy (B, or RSPO_H's earlier A).
+    The three log-probs of shifted_clip_loss, per token:
+        pi_theta   the policy now (Policy.forward, with gradients)
+        pi_old     own: the sampler's log-probs (the policy sampled them at these weights);
+                   replayed: scored here (score_steps)
+        pi_behav   the sampler's log-probs, Step.behav_logp (own: = pi_old, so c = 1)"""
+    own, other = [s for t in trajs for s in t.steps], [s for t in replayed for s in t.steps]
+    steps = own + other
+    # A scoring pass only for what the sampler did not record: pi_old of replayed steps (PPO: V(s) of every state)
+    if cfg.algo == "ppo":
+        scored_logp, old_values = score_steps(policy, steps, cfg)
+        scored_logp = scored_logp[len(own):]
+    else:
+        scored_logp, old_values = score_steps(policy, other, cfg)[0], None
+    old_logp = [s.behav_logp for s in own] + scored_logp
     ref_logp = score_steps(ref, steps, cfg)[0] if ref is not None else None
-    replayed = [i for i, s in enumerate(steps) if s.behav_logp is not None]   # buffer samples
-    diagnostics = replay_diagnostics(torch.cat([steps[i].behav_logp for i in replayed]),
-                                     torch.cat([old_logp[i] for i in replayed])) if replayed else {}
-    for s, lp in zip(steps, old_logp):
-        if s.behav_logp is None:
-            s.behav_logp = lp
+    diagnostics = replay_diagnostics(torch.cat([s.behav_logp for s in other]),
+                                     torch.cat(scored_logp)) if other else {}
+    trajs = list(trajs) + list(replayed)
     adv, returns = advantages_for(trajs, cfg, old_values)
     lengths = sequence_lengths(steps)
     policy.agent.train()
@@ -487,7 +515,7 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None):
 
 def explore(policy, cfg, rng, generator, ref, dense, seen):
     """PAPER steps 1-3: B <- copy(A); k updates of B on the explorer reward; B's fresh rollouts, with
-    B's log-probs, swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
+    B's log-probs (its sampler's, Step.behav_logp), swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
     observations B met to the set `seen` (its distinct states).
     B and its Adam state exist only inside this call (train then returns their memory to the device)."""
     explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
@@ -504,9 +532,6 @@ def explore(policy, cfg, rng, generator, ref, dense, seen):
     env_steps += sum(len(t.steps) for t in trajs)
     seen.update(s.obs for t in trajs for s in t.steps)
     stats["explorer/distinct_states"] = len(seen)
-    steps = [s for t in trajs for s in t.steps]
-    for s, lp in zip(steps, score_steps(explorer, steps, cfg)[0]):
-        s.behav_logp = lp
     return reward_swap(trajs, cfg.reward_scale, cfg.invalid_penalty), stats, env_steps
 
 
@@ -588,7 +613,7 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         attach_rewards(trajs, "dense" if cfg.method == "dense" else "outcome", cfg, dense)
         replay = state.buffer.take(m, first_id=cfg.num_groups - m)
         stats = batch_stats(cfg, state, trajs, replay)
-        stats.update(update(policy, optimizer, trajs + [t for g in replay for t in g], cfg, state.generator, ref))
+        stats.update(update(policy, optimizer, trajs, cfg, state.generator, ref, [t for g in replay for t in g]))
         if cfg.method == "rspo" and cfg.buffer_source == "self":
             state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
         if dense.estimator is not None and cfg.prm_refresh:
@@ -598,6 +623,8 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         record = {"update": u, **stats, **state.totals}
         if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
             record.update(evaluate(policy, cfg))
+        if u == cfg.updates and cfg.final_eval_repeats:
+            record.update(final_evaluation(policy, cfg))
         log(record)
         if cfg.save_every and (u % cfg.save_every == 0 or u == cfg.updates):
             save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record)
@@ -846,6 +873,26 @@ class CopyTerm:
         return scores + self.bias.to(scores.device)
 
 
+class SampledLogProbs:
+    """generate's last logits processor: records log pi(token) of every sampled token under the distribution the
+    sampler draws from (the processed scores / T: after the constraint and the copy term, as Policy.head), so the
+    update needs no scoring pass for the policy's own steps. At each call it reads the token chosen at the previous
+    call (the last input id) from that call's log-softmax; result() adds the last one."""
+
+    def __init__(self, temperature):
+        self.temperature, self.last, self.logps = temperature, None, []
+
+    def __call__(self, input_ids, scores):
+        if self.last is not None:
+            self.logps.append(self.last.gather(1, input_ids[:, -1:]))
+        self.last = torch.log_softmax(scores.float() / self.temperature, -1)
+        return scores
+
+    def result(self, new_tokens):
+        """[B, new tokens]: the log-probs of the generated tokens (rows that stopped early hold their padding's)."""
+        return torch.cat(self.logps + [self.last.gather(1, new_tokens[:, -1:])], 1)
+
+
 class Agent(nn.Module):
     """A causal LM plus a scalar value head on the last prompt token (used by PPO only), and with --copy-term a
     learned weight w of the copy term."""
@@ -947,7 +994,8 @@ class Policy:
 
     @torch.no_grad()
     def act(self, prompts, admissibles, temperature):
-        """Sample one response per prompt. Returns [(response_ids, action, invalid)] in prompt order.
+        """Sample one response per prompt. Returns [(response_ids, action, invalid, logp)] in prompt order; logp:
+        the sampler's log-probs of response_ids (None when greedy).
         generate runs on length-sorted chunks of --generation-batch-size prompts, which bounds the KV
         cache and the padding."""
         results = [None] * len(prompts)
@@ -985,21 +1033,25 @@ class Policy:
                                repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
                                pad_token_id=self.pad_id, eos_token_id=self.stop_ids)
         bias = self.agent.copy_bias(prompts)
-        processors = None if bias is None else LogitsProcessorList([CopyTerm(self.agent.copy_weight.detach() * bias)])
+        record = None if greedy else SampledLogProbs(temperature)
+        processors = LogitsProcessorList([p for p in (
+            None if bias is None else CopyTerm(self.agent.copy_weight.detach() * bias), record) if p is not None])
         with self.autocast(), without_checkpoint_sampling(self.agent.lm):
             out = self.agent.lm.generate(**enc, generation_config=gen, logits_processor=processors,
                                          prefix_allowed_tokens_fn=allowed if self.constrained else None)
+        logps = None if greedy else record.result(out[:, width:]).cpu()
         results = []
         for b, row in enumerate(out[:, width:].tolist()):
             resp = cut_response(row, self.stop_ids)
+            logp = None if greedy else logps[b, :len(resp)]
             if self.constrained:
                 node = tries[b]
                 for t in resp:
                     node = node[t]
-                results.append((resp, node, False))
+                results.append((resp, node, False, logp))
             else:
                 action, valid = parse_action(self.tok.decode(resp, skip_special_tokens=True))
-                results.append((resp, action, not valid))
+                results.append((resp, action, not valid, logp))
         return results
 
     def batch(self, steps):
@@ -1103,7 +1155,7 @@ def expert_actor(policy, noise, rng, searching=False):
             else:
                 action = env.searching_action() if searching else env.expert_action()
             text = action if policy.constrained else f"<think></think><action>{action}</action>"
-            out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False))
+            out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False, None))
         return out
     return act
 
@@ -1450,7 +1502,8 @@ def build_parser():
     a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
     a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
     a("--minibatch-size", type=int, default=128, help="step samples per optimizer step")
-    a("--micro-batch-size", type=int, default=64, help="samples per forward pass (gradient accumulation)")
+    a("--micro-batch-size", type=int, default=16, help="samples per forward pass (gradient accumulation; small "
+      "passes keep activations in cache: docs/performance.md)")
     a("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon")
     a("--clip-ratio-c", type=float, default=3.0, help="dual-clip bound for negative advantages (verl's clip_ratio_c)")
     a("--beta", type=float, default=0.0, help="KL coefficient to a frozen reference (k3 / low_var_kl)")
@@ -1485,8 +1538,11 @@ def build_parser():
     a("--eval-every", type=int, default=5, help="evaluate every N updates of A (0: start and end only)")
     a("--eval-episodes", type=int, default=256, help="held-out tasks per evaluation (at most the split's)")
     a("--eval-split", default=None, help="held-out split(s), comma-separated (default: valid_seen / test)")
+    a("--final-eval-repeats", type=int, default=0, help="after the last update, play every task of the held-out "
+      "panels this many times (final/success: the fair test's low-noise measure; 0: off)")
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
-    a("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; 1 suits the tiny model)")
+    a("--threads", type=int, default=0, help="torch CPU threads (0: torch's default, the machine's cores; runs side "
+      "by side: 1 each, as scripts/reproduce.py does)")
     a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
     a("--overwrite", action="store_true", help="replace the run already in --output-dir")
     a("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
@@ -1507,9 +1563,9 @@ def validate(cfg):
     bounds = [("must be >= 1", lambda v: v >= 1, "group_size num_groups updates k epochs minibatch_size "
                "micro_batch_size generation_batch_size max_new_tokens max_steps eval_episodes warm_start_epochs "
                "prm_batch_size"),
-              ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every save_every history beta ent_coef "
-               "vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs prm_refresh "
-               "prm_refresh_epochs"),
+              ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every final_eval_repeats save_every history "
+               "beta ent_coef vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs "
+               "prm_refresh prm_refresh_epochs"),
               ("must be > 0", lambda v: v > 0, "lr explorer_lr warm_start_lr prm_lr clip_eps vf_clip max_grad_norm "
                "reward_scale")]
     for msg, ok, names in bounds:   # None: a default filled in below
@@ -1836,15 +1892,32 @@ def run_stacks(out_dir, resumed):
 
 
 def check_writable(path, flag, directory=True):
-    """A directory (or a file's directory) can be created and written: its nearest existing ancestor is a
-    writable directory, and a directory path is not an existing file. Checked before any work."""
+    """A directory (or a file's directory) can be created and written in, found by trying before any work: the
+    missing directories are made, a probe file is written and removed, and what was made is removed again (for root,
+    os.access calls anything writable, /proc included)."""
     if directory and os.path.isfile(path):
         raise ConfigError(f"{flag} {path}: is a file")
-    parent = os.path.abspath(path if directory else os.path.dirname(os.path.abspath(path)))
+    where = os.path.abspath(path if directory else os.path.dirname(os.path.abspath(path)))
+    missing, parent = [], where
     while not os.path.exists(parent):
+        missing.append(parent)
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise ConfigError(f"{flag} {path}: not writable ({parent} is {'read-only' if os.path.isdir(parent) else 'a file'})")
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{flag} {path}: not writable ({parent} is a file)")
+    made = []
+    try:
+        for d in reversed(missing):
+            os.mkdir(d)
+            made.append(d)
+        probe = os.path.join(where, f".rspo-probe-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: not writable ({e.strerror}: {e.filename})") from None
+    finally:
+        for d in reversed(made):
+            os.rmdir(d)
 
 
 def open_run_dir(cfg, checkpoint):

@@ -353,7 +353,7 @@ def test_constrained_decoding_only_produces_admissible_actions():
     for temperature in (1.0, 3.0, 0.0):
         for _ in range(10):
             results = policy.act([prompt] * len(subsets), subsets, temperature)
-            for adm, (resp, action, invalid) in zip(subsets, results):
+            for adm, (resp, action, invalid, _) in zip(subsets, results):
                 assert action in adm and not invalid
                 assert resp == policy.action_ids(action) + [policy.tok.eos_token_id]
 
@@ -407,7 +407,7 @@ def test_sampled_distribution_equals_recomputed_logprobs(copy_weight):
             assert (probs - without).abs().max() > 0.2
             assert probs.argmax() == ACTIONS.index("open fridge 1") != without.argmax()
         n = 4000
-        counts = Counter(a for _, a, _ in policy.act([prompt] * n, [ACTIONS] * n, temperature))
+        counts = Counter(a for _, a, _, _ in policy.act([prompt] * n, [ACTIONS] * n, temperature))
         for a, p in zip(ACTIONS, probs.tolist()):
             assert counts[a] / n == pytest.approx(p, abs=0.03), (a, temperature)
 
@@ -437,7 +437,7 @@ def test_generate_mode_parses_and_flags_invalid():
     assert rspo.parse_action("go to cabinet 1") == ("go to cabinet 1", False)
     policy = tiny_policy(mode="generate")
     results = policy.act([policy.encode_prompt("task : look")] * 4, [ACTIONS] * 4, 1.0)
-    for resp, action, invalid in results:
+    for resp, action, invalid, _ in results:
         assert 1 <= len(resp) <= 6 and invalid   # a random tiny model writes no <think>/<action> tags
 
 
@@ -470,20 +470,23 @@ def test_generate_mode_samples_the_distribution_the_learner_scores():
         assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
         assert probs.sort(descending=True).values[20:].sum() > 0.2   # top-k 20 would cut a fifth of the mass
         n = 4000
-        counts = Counter(resp[0] for resp, _, _ in policy.act([prompt] * n, [None] * n, temperature))
+        counts = Counter(resp[0] for resp, _, _, _ in policy.act([prompt] * n, [None] * n, temperature))
         for v, p in zip(vocab, probs.tolist()):
             assert counts[v] / n == pytest.approx(p, abs=0.025), (policy.tok.convert_ids_to_tokens(v), temperature)
 
 
 @pytest.mark.parametrize("mode, temperature, copy_weight, expected", [
-    ("generate", 1.0, None, []), ("generate", 0.6, None, ["TemperatureLogitsWarper"]), ("generate", 0.0, None, []),
-    ("constrained", 0.6, None, ["PrefixConstrainedLogitsProcessor", "TemperatureLogitsWarper"]),
-    ("constrained", 0.6, 1.0, ["PrefixConstrainedLogitsProcessor", "CopyTerm", "TemperatureLogitsWarper"]),
+    ("generate", 1.0, None, ["SampledLogProbs"]), ("generate", 0.6, None, ["SampledLogProbs", "TemperatureLogitsWarper"]),
+    ("generate", 0.0, None, []),
+    ("constrained", 0.6, None, ["PrefixConstrainedLogitsProcessor", "SampledLogProbs", "TemperatureLogitsWarper"]),
+    ("constrained", 0.6, 1.0, ["PrefixConstrainedLogitsProcessor", "CopyTerm", "SampledLogProbs",
+                               "TemperatureLogitsWarper"]),
 ])
 def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, copy_weight,
                                                                   expected):
     """Only the constraint, the copy term and the temperature shape what is sampled, the copy term before the
-    temperature (Policy.head adds it, then divides)."""
+    temperature (Policy.head adds it, then divides); SampledLogProbs reads the scores after both and before the
+    temperature, which it applies itself (greedy decoding records nothing)."""
     policy = qwen_defaults(tiny_policy(mode=mode, copy_weight=copy_weight))
     lm, built = policy.agent.lm, []
     real = lm._get_logits_processor
@@ -497,6 +500,27 @@ def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mo
     if temperature not in (0.0, 1.0):
         assert built[0][-1].temperature == temperature
     assert lm.generation_config.top_k == 20   # the checkpoint's own config is left as it was
+
+
+@pytest.mark.parametrize("mode, temperature, copy_weight", [("constrained", 1.0, None), ("constrained", 0.7, 2.0),
+                                                            ("generate", 1.0, None), ("generate", 0.7, 1.5)])
+def test_the_samplers_log_probs_are_the_learners(mode, temperature, copy_weight):
+    """The update takes pi_old of the policy's own steps from the sampler (SampledLogProbs) instead of a scoring
+    pass: they must be Policy.forward's log-probs of the same responses at the same temperature, token by token
+    (float rounding only), for responses of different lengths in one batch; greedy decoding records none."""
+    policy = tiny_policy(mode=mode, seed=4, copy_weight=copy_weight)
+    prompts = [policy.encode_prompt(p) for p in ("task : look", "task : open fridge . observation : fridge 1 is closed",
+                                                 "task : go to cabinet 1 . observation : cabinet 1 cabinet 10")]
+    results = policy.act(prompts * 4, [ACTIONS[i % 6:] for i in range(12)], temperature)
+    steps = [rspo.Step(p, resp, adm if mode == "constrained" else None, "", "", 0.0, False, logp)
+             for p, adm, (resp, _, _, logp) in zip(prompts * 4, [ACTIONS[i % 6:] for i in range(12)], results)]
+    assert len({len(s.response_ids) for s in steps}) > 1
+    with torch.no_grad():
+        scored, mask, _, _ = policy.forward(steps, temperature)
+    for s, row, m in zip(steps, scored, mask):
+        assert s.behav_logp.shape == (len(s.response_ids),)
+        assert torch.allclose(s.behav_logp, row[:int(m.sum())], atol=1e-5), (s.behav_logp, row)
+    assert all(logp is None for _, _, _, logp in policy.act(prompts, [ACTIONS] * 3, 0.0))
 
 
 def test_every_end_of_turn_stops_even_when_it_is_the_pad(tmp_path):
@@ -533,8 +557,9 @@ def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
 # ---------------------------------------------------------------------------------------------
 # The trainer end to end (tiny budgets)
 
-TINY = ["--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1", "--updates", "2", "--warm-start", "0",
-        "--max-steps", "4", "--eval-episodes", "2", "--minibatch-size", "16", "--no-save-model", "--no-progress"]
+TINY = ["--threads", "1", "--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1", "--updates", "2",
+        "--warm-start", "0", "--max-steps", "4", "--eval-episodes", "2", "--minibatch-size", "16", "--no-save-model",
+        "--no-progress"]
 
 
 def run(tmp_path, *args):
@@ -543,13 +568,14 @@ def run(tmp_path, *args):
 
 @pytest.fixture
 def update_calls(monkeypatch):
-    """Every batch rspo.update receives (B's and A's, in order), with one flag per step: did it arrive with
-    behaviour log-probs, i.e. from the buffer? Read at the call: update fills them in for on-policy steps."""
+    """Every batch rspo.update receives (B's and A's, in order): its trajectories, own then replayed, with one flag
+    per step: did it arrive as replayed, i.e. from the buffer?"""
     calls, real_update = [], rspo.update
 
-    def spy(policy, optimizer, trajs, cfg, generator, ref=None):
-        calls.append((trajs, [s.behav_logp is not None for t in trajs for s in t.steps]))
-        return real_update(policy, optimizer, trajs, cfg, generator, ref)
+    def spy(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
+        calls.append((list(trajs) + list(replayed),
+                      [False for t in trajs for _ in t.steps] + [True for t in replayed for _ in t.steps]))
+        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
     monkeypatch.setattr(rspo, "update", spy)
     return calls
 
@@ -712,9 +738,9 @@ def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
         assert not torch.equal(before["lm.model.embed_tokens.weight"], after[-1]["lm.model.embed_tokens.weight"])
         return out
 
-    def spy_update(policy, optimizer, trajs, cfg, generator, ref=None):
+    def spy_update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
         refs.append(None if ref is None else {k: v.clone() for k, v in ref.agent.state_dict().items()})
-        return real_update(policy, optimizer, trajs, cfg, generator, ref)
+        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
     monkeypatch.setattr(rspo, "warm_start", spy_warm_start)
     monkeypatch.setattr(rspo, "update", spy_update)
     warm = ["--warm-start", "12", "--max-steps", "30", "--updates", "1"]
@@ -877,10 +903,11 @@ def _same_rows(rows, expected):
     return not left
 
 
-@pytest.mark.parametrize("algo, sampling, dense, explorer_lr", [("gigpo", "reward", "env", "3e-4"),
-                                                                 ("ppo", "variance", "progress", "1e-4")])
+@pytest.mark.parametrize("algo, sampling, dense, explorer_lr, explorer_reward", [
+    ("gigpo", "reward", "env", "3e-4", "dense"), ("ppo", "variance", "progress", "1e-4", "dense"),
+    ("grpo", "reward", "env", "3e-4", "outcome")])   # RSPO_O: B on the outcome reward (check 8)
 def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense,
-                                               explorer_lr):
+                                               explorer_lr, explorer_reward):
     explore, update, loss_fn = rspo.explore, rspo.update, rspo.shifted_clip_loss   # update: update_calls' spy
     move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
     rollout, rollouts = rspo.rollout, itertools.count()
@@ -926,7 +953,8 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                      std={g: float(x.std(unbiased=False)) for g, x in scores.items()})
         return out
 
-    def spy_update(policy, optimizer, trajs, cfg, *args, **kwargs):
+    def spy_update(policy, optimizer, own, cfg, generator, ref=None, replayed=()):
+        trajs = list(own) + list(replayed)
         cycle, steps = cycles[-1], [s for t in trajs for s in t.steps]
         # 13: B's Adam steps at --explorer-lr, A's at --lr
         lr = float(explorer_lr) if policy is not A["policy"] else 3e-4
@@ -941,9 +969,11 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
             shown["B dense != outcome"] += any(
                 not torch.allclose(_by_hand(t, "dense", cfg), _by_hand(t, "outcome", cfg)) for t in trajs)
             anchor_calls.clear()
-            stats = update(policy, optimizer, trajs, cfg, *args, **kwargs)
+            stats = update(policy, optimizer, own, cfg, generator, ref, replayed)
         else:
             origin = [cycle["origin"].get(id(t.steps)) for t in trajs]   # buffer group of a replayed trajectory
+            assert origin == [None] * len(own) + [g for g in origin[len(own):] if g is not None], \
+                "A's update got buffer trajectories as its own, or its own as replayed"
             replay = {}
             for t, g in zip(trajs, origin):
                 assert torch.allclose(t.rewards, _by_hand(t, "outcome", cfg)), "A trained on a non-outcome reward"
@@ -958,14 +988,14 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
             # clip is inactive, so by hand L = -sum over tokens of A * exp(old - behav) / tokens.
             old, values = rspo.score_steps(policy, steps, cfg)
             adv = rspo.advantages_for(trajs, cfg, values)[0]
-            replayed = [g is not None for t, g in zip(trajs, origin) for _ in t.steps]
-            behav = [cycle["b_logp"][id(s)] if r else lp for s, lp, r in zip(steps, old, replayed)]
+            from_buffer = [g is not None for t, g in zip(trajs, origin) for _ in t.steps]
+            behav = [cycle["b_logp"][id(s)] if r else lp for s, lp, r in zip(steps, old, from_buffer)]
             tokens = sum(len(lp) for lp in old)
             expected = -sum(a * torch.exp(o - b).sum() for a, o, b in zip(adv, old, behav)) / tokens
             ignored = -sum(a * len(o) for a, o in zip(adv, old)) / tokens   # the loss if behav_logp = old
             loss_rows.clear()
             anchor_calls.clear()
-            stats = update(policy, optimizer, trajs, cfg, *args, **kwargs)
+            stats = update(policy, optimizer, own, cfg, generator, ref, replayed)
             same = _same_rows(loss_rows, behav)
             assert same, "shifted_clip_loss got other behaviour log-probs than B's (buffer steps) and pi_old's (A's own)"
             assert stats["losses/policy_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6), \
@@ -973,7 +1003,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                 f"(with behav_logp ignored: {float(ignored):.6f})"
             shown["loss depends on behav"] += abs(float(expected - ignored)) > 1e-3
             # the off-policy diagnostics are taken on the replayed tokens only: B's log-probs against pi_old
-            d = torch.cat([o - b for o, b, r in zip(old, behav, replayed) if r])
+            d = torch.cat([o - b for o, b, r in zip(old, behav, from_buffer) if r])
             assert stats["buffer/explorer_kl"] == pytest.approx(float((torch.exp(d) - d - 1).mean()), rel=1e-4)
             assert stats["buffer/clip_centre_p90"] == pytest.approx(float(torch.quantile(torch.exp(d), 0.9)), rel=1e-4)
             shown["B != A"] += stats["buffer/explorer_kl"] > 1e-4
@@ -1012,7 +1042,7 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                       ("gigpo_advantages", spy_gigpo)]:
         monkeypatch.setattr(rspo, name, spy)
     run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense,
-        "--explorer-lr", explorer_lr)
+        "--explorer-lr", explorer_lr, "--explorer-reward", explorer_reward)
 
     # 11: --explorer-offload moves A out before B's phase and back to A's own device after it
     assert events == ["move to cpu", "explore", "move to cpu:0"] * 2, events
@@ -1051,6 +1081,32 @@ def test_evaluating_more_often_leaves_training_identical(tmp_path):
     often, rarely = ([{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _strip_times(records)]
                      for records in (often, rarely))
     assert often == rarely, "evaluating more often changed training"
+
+
+def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, monkeypatch):
+    """--final-eval-repeats N: after the last update only, every task of each --eval-split panel N times at the
+    evaluation temperature; final/success pools the panels' episodes; training and evaluate's records unchanged."""
+    rollout, finals = rspo.rollout, []
+
+    def spy(policy, cfg, seeds, split="train", temperature=None, act=None, group_size=None):
+        trajs = rollout(policy, cfg, seeds, split, temperature, act, group_size)
+        if group_size == 3:   # the final evaluation's plays: wins set by the test, 1 in 4 (seen) and 1 in 2 (unseen)
+            for i, t in enumerate(trajs):
+                t.won = i % (4 if split == "valid_seen" else 2) == 0
+            finals.append((split, list(seeds), temperature, [t.task_seed for t in trajs]))
+        return trajs
+    monkeypatch.setattr(rspo, "rollout", spy)
+    panels = ["--eval-split", "valid_seen,valid_unseen", "--eval-episodes", "5", "--eval-temperature", "0.3"]
+    final = run(tmp_path / "a", *panels, "--final-eval-repeats", "3")
+    assert finals == [(split, [0, 1, 2, 3, 4], 0.3, [s for s in range(5) for _ in range(3)])
+                      for split in ("valid_seen", "valid_unseen")]
+    assert final[-1]["final_valid_seen/success"] == pytest.approx(4 / 15)     # episodes 0, 4, 8, 12 of 15
+    assert final[-1]["final_valid_unseen/success"] == pytest.approx(8 / 15)   # episodes 0, 2, ..., 14
+    assert final[-1]["final/success"] == pytest.approx(12 / 30)               # both panels' 30 episodes pooled
+    assert not any(k.startswith("final") for r in final[:-1] for k in r)
+    plain = run(tmp_path / "b", *panels)
+    assert _strip_times(plain) == [{k: v for k, v in r.items() if not k.startswith("final")}
+                                   for r in _strip_times(final)]
 
 
 NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: as if gguf were not installed
@@ -1108,6 +1164,10 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
      "--prm-path {tmp}/model.gguf/e.pt: not writable ({tmp}/model.gguf is a file)", {}),
     (["--output-dir", "{tmp}/model.gguf"], "--output-dir {tmp}/model.gguf: is a file", {}),
     (["--output-dir", "{tmp}/model.gguf/run"], "not writable ({tmp}/model.gguf is a file)", {}),
+    # found by trying, not by os.access (which calls /proc writable for root)
+    (["--output-dir", "/proc/rspo-test/run"], "--output-dir /proc/rspo-test/run: not writable", {}),
+    (["--dense-reward", "learned", "--prm-path", "/proc/rspo-test/e.pt"], "--prm-path /proc/rspo-test/e.pt: not writable",
+     {}),
     (["--output-dir", "{tmp}/earlier"], "--output-dir {tmp}/earlier already holds a run: --overwrite replaces it, "
                                         "--resume continues it", {}),
     (["--output-dir", "{tmp}/earlier", "--resume"], "holds a run but no checkpoint (--save-every)", {}),
@@ -2515,6 +2575,26 @@ def test_reproduce_gives_webshop_its_named_results_and_copy_term(reproduce):
     assert cfg.copy_term and cfg.env_options["results_names"] == "position"
 
 
+def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
+    """The confirm experiment (pre-registration 13): GRPO and RSPO(progress)+GRPO on its own new seeds, 15 on
+    ALFWorld and 10 on WebShop, pair by pair (a batch cut short leaves whole pairs), each with the final
+    evaluation; the other experiments keep their seeds, order and commands."""
+    jobs = reproduce.plan(reproduce.argparse.Namespace(experiments=["confirm", "main"], envs=["alfworld", "webshop"],
+                                                       algos=["grpo"], methods=["outcome", "rspo_progress"], seeds=None))
+    confirm = [j for j in jobs if j[0] == "confirm"]
+    for env, n in (("alfworld", 15), ("webshop", 10)):
+        seeds = [j[4] for j in confirm if j[1] == env]
+        assert seeds == [s for s in range(1000, 1000 + 200 * n, 200) for _ in range(2)]
+        assert [j[3] for j in confirm if j[1] == env] == ["outcome", "rspo_progress"] * n
+        cmd = reproduce.command("confirm", env, "grpo", "rspo_progress", 1000)
+        assert reproduce.flag(cmd, "--final-eval-repeats") == {"alfworld": "8", "webshop": "4"}[env]
+        main = reproduce.command("main", env, "grpo", "rspo_progress", 1000)
+        assert "--final-eval-repeats" not in main
+        i = cmd.index("--final-eval-repeats")
+        assert cmd[:i] + cmd[i + 2:] == [a.replace("results/main/", "results/confirm/") for a in main]   # otherwise main's
+    assert [j[4] for j in jobs if j[0] == "main"] == reproduce.SEEDS * 4   # per env and method, the paper's seeds
+
+
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):
     """command.txt must be this job's command exactly: a run made with any other flag (here not --updates),
     or by hand without command.txt, is not complete and execute leaves it as it is. The same command, cut
@@ -2547,12 +2627,13 @@ def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, m
     assert reproduce.complete(path, cmd) and status() == "done before" and not calls
     with open(metrics, "w") as f:
         f.write(json.dumps({"update": 0, "eval/success": 0.1}) + "\n")
-    assert status() == "ok" and calls == [cmd + ["--save-every", str(reproduce.SAVE_EVERY), "--overwrite"]]
+    assert status() == "ok" and calls == [cmd + ["--threads", "1", "--save-every", str(reproduce.SAVE_EVERY),
+                                                 "--overwrite"]]
     assert open(os.path.join(path, "command.txt")).read() == line
 
 
 def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(reproduce, tmp_path):
-    save = ["--save-every", str(reproduce.SAVE_EVERY)]
+    save = ["--threads", "1", "--save-every", str(reproduce.SAVE_EVERY)]   # one thread a run: runs go side by side
     assert reproduce.run_control(tmp_path) == save                      # nothing there yet: a new run
     (tmp_path / "config.json").write_text("{}")
     assert reproduce.run_control(tmp_path) == save + ["--overwrite"]    # stopped before its first checkpoint
@@ -2582,7 +2663,7 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
         sources[version] = (
             "import json, sys\n"
             "a = sys.argv\n"
-            f"if [f for f in a[1::2] if f not in ({name!r}, '--prm-path', '--output-dir')]:\n"
+            f"if [f for f in a[1::2] if f not in ({name!r}, '--prm-path', '--output-dir', '--threads')]:\n"
             "    sys.exit(2)   # argparse: unrecognized arguments\n"
             f"record = {{'version': {version}, 'method': a[a.index({name!r}) + 1],\n"
             "          'estimator': open(a[a.index('--prm-path') + 1]).read()}\n"

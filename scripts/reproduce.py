@@ -108,7 +108,11 @@ EXPERIMENTS = {
     "ablations": (["rspo_h", "rspo_o", "rspo_sampling_variance", "rspo_sampling_random"], ["grpo"], ["alfworld"]),
     "sweeps": (["rspo_alpha0", "rspo_alpha0.0625", "rspo_alpha0.25", "rspo_alpha0.5", "rspo_k1", "rspo_k5", "rspo_k10",
                 "rspo_noise0.1", "rspo_noise0.3"], ["grpo"], ["alfworld"]),
+    # the fair test (results/PREREGISTRATIONS.md, pre-registration 13): new seeds, a low-noise final evaluation
+    "confirm": (["outcome", "rspo_progress"], ["grpo"], ["alfworld", "webshop"]),
 }
+CONFIRM_SEEDS = {"alfworld": list(range(1000, 4000, 200)), "webshop": list(range(1000, 3000, 200))}   # 15 and 10
+FINAL_REPEATS = {"alfworld": 8, "webshop": 4}   # plays of every held-out task in the confirm runs' final evaluation
 
 
 def run_dir(experiment, env, algo, method, seed):
@@ -124,9 +128,10 @@ def method_flags(env, method, seed):
 
 def command(experiment, env, algo, method, seed):
     out = run_dir(experiment, env, algo, method, seed)
-    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], "--algo", algo, *ALGO_SETTINGS[algo],
-            *method_flags(env, method, seed), "--seed", str(seed), "--output-dir", os.path.relpath(out, ROOT),
-            "--no-save-model", "--no-progress"]
+    final = ["--final-eval-repeats", str(FINAL_REPEATS[env])] if experiment == "confirm" else []
+    return [sys.executable, os.path.join(ROOT, "rspo.py"), *SETTINGS[env], *final, "--algo", algo,
+            *ALGO_SETTINGS[algo], *method_flags(env, method, seed), "--seed", str(seed), "--output-dir",
+            os.path.relpath(out, ROOT), "--no-save-model", "--no-progress"]
 
 
 def flag(cmd, name):
@@ -183,26 +188,37 @@ def complete(path, cmd):
         and records[-1].get("updates/A") == int(flag(cmd, "--updates")) and "eval/success" in records[-1]
 
 
+# Every run of a batch, and every --verify rerun, on one torch thread: runs go side by side (--jobs), and the thread
+# count moves float rounding. rspo.py's default was 1 thread until the runs of pre-registration 13.
+THREADS = ["--threads", "1"]
+
+
 def run_control(path):
     """Flags that say how to run, not what: they stay out of command.txt. `path` holds nothing yet or an
     incomplete run of the same command (execute checks command.txt): continue it from its last checkpoint,
     or start it again if it stopped before its first one."""
-    flags = ["--save-every", str(SAVE_EVERY)]
+    flags = [*THREADS, "--save-every", str(SAVE_EVERY)]
     if os.path.isfile(os.path.join(path, "checkpoint", "state.pt")):   # rspo.CHECKPOINT, written atomically
         return flags + ["--resume"]
     return flags + ["--overwrite"] if holds_run(path) else flags
 
 
 def plan(args):
-    """Jobs in EXPERIMENTS order; seeds innermost, so two workers rarely need the same estimator at once."""
+    """Jobs in EXPERIMENTS order; seeds innermost, so two workers rarely need the same estimator at once. The fair
+    test (confirm) runs its own seeds by default, in pairs (both methods of a seed, then the next seed), so a batch
+    cut short leaves whole pairs."""
     jobs = []
     for experiment in args.experiments:
         methods, algos, env_names = EXPERIMENTS[experiment]
         for algo in algos:
             for env in env_names:
-                for method in methods:
-                    if env in args.envs and algo in args.algos and (not args.methods or method in args.methods):
-                        jobs += [(experiment, env, algo, method, seed) for seed in args.seeds]
+                chosen = [m for m in methods if not args.methods or m in args.methods]
+                if env not in args.envs or algo not in args.algos:
+                    continue
+                if experiment == "confirm":
+                    jobs += [(experiment, env, algo, m, seed) for seed in args.seeds or CONFIRM_SEEDS[env] for m in chosen]
+                else:
+                    jobs += [(experiment, env, algo, m, seed) for m in chosen for seed in args.seeds or SEEDS]
     return jobs
 
 
@@ -771,7 +787,7 @@ def rerun(path, tree):
         cmd[cmd.index("--prm-path") + 1] = os.path.join(ROOT, estimator)
     with tempfile.TemporaryDirectory() as out:
         cmd[cmd.index("--output-dir") + 1] = out
-        subprocess.run([sys.executable, *cmd[1:]], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, *cmd[1:], *THREADS], cwd=tree, check=True, stdout=subprocess.DEVNULL)
         return read_metrics(out)
 
 
@@ -812,7 +828,7 @@ def main(argv=None):
     p.add_argument("--envs", nargs="+", default=["alfworld", "webshop"], choices=["alfworld", "webshop"])
     p.add_argument("--algos", nargs="+", default=["grpo", "ppo", "gigpo"], choices=["grpo", "ppo", "gigpo"])
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="only these methods (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
+    p.add_argument("--seeds", nargs="+", type=int, help=f"default {SEEDS}; the confirm experiment's own: {CONFIRM_SEEDS}")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
