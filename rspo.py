@@ -19,11 +19,12 @@ Paper -> code (Algorithm 1; train reads top to bottom in this order):
     B's fresh batch, relabelled with the outcome       reward_swap
     the replay buffer, priority order, cursor          ReplayBuffer (buffer_order, --buffer-sampling)
     m_u buffer groups + n_u own groups per update      replay_groups, train
-    shifted clip around c = pi_old / pi_B              shifted_clip_loss (replayed tokens carry Step.behav_logp)
+    shifted clip around c = pi_old / pi_B              shifted_clip_loss (Step.behav_logp: the sampler's log-probs)
     base algorithm                                     grpo_advantages, gigpo_advantages, gae_advantages, update
 
-Layout: the method first (the math, the reward swap and buffer, rollout, update, the RSPO cycle and what it
-logs), then the machinery (the policy wrapper, warm start, learned dense reward, flags, checkpoints, main).
+Layout: the method first (the RSPO core, a block to copy whole: the reward swap, the buffer, the shifted clip;
+then the base algorithms' math, rollout, update, the RSPO cycle and what it logs), then the machinery (the policy
+wrapper, warm start, learned dense reward, flags, checkpoints, main).
 The README has the RSPO-specific checklist, docs/checklist.md the rest.
 """
 import argparse
@@ -53,13 +54,144 @@ from tqdm.auto import tqdm
 import envs
 
 
-# ----------------------------------------------------------------------------------------------
-# The math: small pure functions, tensors in and out
+# ==============================================================================================
+# The RSPO core (PAPER steps 3-4 and the off-policy clip): copy this block whole into another trainer.
+# It depends on nothing defined below it and works on plain data: trajectories with an outcome each, in
+# groups, and per-token log-prob tensors. It needs: import math, torch;
+# from dataclasses import dataclass, field, replace; from fractions import Fraction.
+# README, "Copying the RSPO core", maps it onto a TRL or verl batch.
+# >>> RSPO core begins
 
 
 def masked_mean(x, mask):
     """Token-mean of x over mask (verl's loss_agg_mode='token-mean')."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
+    """RSPO's clipped surrogate (PAPER: off-policy clip centre), token-mean over mask.
+
+    rho = pi_theta / pi_behav, clip centre c = pi_theta_old / pi_behav,
+    L = -min(rho * A, clip(rho, c - eps, c + eps) * A), and for A < 0 verl's dual clip (Ye et al. 2020,
+    arXiv 1912.09729, eq. 5): L = min(L, -clip_ratio_c * c * A), i.e. pi_theta / pi_theta_old counts at most
+    clip_ratio_c (the factor c carries the bound into the off-policy frame: inferred, the paper is silent).
+    On-policy tokens pass behav_logp = old_logp, so c = 1 and this is PPO's clip (Schulman et al. 2017,
+    eq. 7) with verl's dual clip; buffer tokens pass the explorer B's log-probs. advantages broadcast over
+    tokens. Returns (loss, clip fraction: the share of tokens where the clipped branch is the one taken, as
+    verl)."""
+    ratio = torch.exp(logp - behav_logp)
+    centre = torch.exp(old_logp - behav_logp)
+    clipped = torch.maximum(torch.minimum(ratio, centre + clip_eps), centre - clip_eps)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+    dual = torch.maximum(surrogate, clip_ratio_c * centre * advantages)
+    surrogate = torch.where(advantages < 0, dual, surrogate)
+    clipfrac = masked_mean((clipped * advantages < ratio * advantages).float(), mask)
+    return -masked_mean(surrogate, mask), clipfrac
+
+
+def outcome_rewards(num_steps, won, invalid, scale=10.0, penalty=0.1):
+    """Outcome reward vector: scale * won on the final step, zeros elsewhere, minus the format penalty
+    on unparseable steps (verl-agent's convention)."""
+    r = torch.tensor([-penalty * float(b) for b in invalid])
+    r[num_steps - 1] += scale * float(won)
+    return r
+
+
+@dataclass
+class Step:
+    prompt_ids: list          # token ids of the rendered state
+    response_ids: list        # token ids the policy produced (incl. EOS when it produced one)
+    admissible: list | None   # the decoding constraint in constrained mode, None in generate mode
+    obs: str                  # environment observation: GiGPO's anchor
+    action: str
+    dense: float              # the process reward for this step: the env's, or relabelled (relabel_dense)
+    invalid: bool             # unparseable response (generate mode)
+    behav_logp: torch.Tensor | None = None  # the sampler's log-probs of response_ids (None: a demonstrator)
+    progress_gain: float = 0.0  # change of the env's info["progress"] (--dense-reward progress, diagnostics)
+
+
+@dataclass
+class Trajectory:
+    steps: list
+    group: int
+    task_seed: int
+    task_type: str
+    won: bool
+    score: float
+    rewards: torch.Tensor = None   # the per-step reward vector the learner will see
+
+
+def reward_swap(trajs, scale=10.0, penalty=0.1):
+    """The reward swap (PAPER step 3): the explorer's trajectories with every step's reward replaced by
+    the task's outcome reward (zeros except the final step), keeping the explorer's log-probs."""
+    return [replace(t, rewards=outcome_rewards(len(t.steps), t.won, [s.invalid for s in t.steps], scale,
+                                               penalty)) for t in trajs]
+
+
+def groups_of(trajs):
+    """{group id: [trajectories]} in group order."""
+    out = {}
+    for t in trajs:
+        out.setdefault(t.group, []).append(t)
+    return out
+
+
+def buffer_order(outcomes, mode, generator=None):
+    """Order in which A replays buffer groups (PAPER: reward-based > variance-based > random).
+
+    outcomes: one 1-D tensor of outcome scores per group, groups of any size (or a [num_groups, group_size]
+    tensor). reward: highest group mean first; variance: highest group std first (the groups with a GRPO
+    signal); random: a random order. Ties are broken at random. A's j-th update of the cycle takes the next
+    m groups of this order."""
+    perm = torch.randperm(len(outcomes), generator=generator)
+    if mode == "random":
+        return perm
+    priority = torch.stack([o.float().mean() if mode == "reward" else o.float().std(unbiased=False)
+                            for o in outcomes])
+    return perm[torch.argsort(-priority[perm], stable=True)]
+
+
+def replay_groups(alpha, num_groups, update):
+    """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
+    PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
+    alpha N is whole, and alpha N on average when it is not (alpha = 1/16 with N = 8: one group every other
+    update, from the first), so a small alpha needs no bigger batch. Exact fractions: no float rounding."""
+    share = Fraction(alpha).limit_denominator(10 ** 6) * num_groups
+    return math.ceil(share * update) - math.ceil(share * (update - 1))
+
+
+@dataclass
+class ReplayBuffer:
+    """PAPER step 4: one cycle's swapped groups in replay order, and a cursor. Refilled every cycle; A's
+    update u takes the next m_u groups (replay_groups), wrapping around when the cycle needs more than it
+    holds."""
+    groups: list = field(default_factory=list)   # lists of trajectories, highest priority first
+    cursor: int = 0                              # groups handed out this cycle
+
+    def refill(self, trajs, mode, generator):
+        """A new cycle: the trajectories' groups ordered by --buffer-sampling (buffer_order), the cursor
+        at 0."""
+        groups = list(groups_of(trajs).values())
+        if groups:   # each group ranked by its own episodes, however many (a trainer may drop some)
+            outcomes = [torch.stack([t.rewards.sum() for t in g]) for g in groups]
+            groups = [groups[i] for i in buffer_order(outcomes, mode, generator).tolist()]
+        self.groups, self.cursor = groups, 0
+
+    def take(self, m, first_id):
+        """The next m groups, renumbered first_id, first_id + 1, ... so they never share an id with A's own
+        groups (GRPO/GiGPO normalise within a group)."""
+        out = [[replace(t, group=first_id + j) for t in self.groups[(self.cursor + j) % len(self.groups)]]
+               for j in range(m)]
+        self.cursor += m
+        return out
+
+
+# <<< RSPO core ends
+# ==============================================================================================
+
+
+# ----------------------------------------------------------------------------------------------
+# The base algorithms: small pure functions, tensors in and out; the reward vector a learner sees
 
 
 def _group_normalise(values, group_ids, norm_std, eps):
@@ -141,25 +273,6 @@ def kl_k3(logp, ref_logp):
     return (torch.exp(d) - d - 1).clamp(max=10)
 
 
-def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
-    """RSPO's clipped surrogate (PAPER: off-policy clip centre), token-mean over mask.
-
-    rho = pi_theta / pi_behav, clip centre c = pi_theta_old / pi_behav,
-    L = -min(rho * A, clip(rho, c - eps, c + eps) * A), and for A < 0 verl's dual clip (Ye et al. 2020,
-    arXiv 1912.09729, eq. 5): L = min(L, -clip_ratio_c * c * A), i.e. pi_theta / pi_theta_old counts at most
-    clip_ratio_c (the factor c carries the bound into the off-policy frame: inferred, the paper is silent).
-    On-policy tokens pass behav_logp = old_logp, so c = 1 and this is PPO's clip (Schulman et al. 2017,
-    eq. 7) with verl's dual clip; buffer tokens pass the explorer B's log-probs. advantages broadcast over
-    tokens. Returns (loss, clip fraction: the share of tokens where the clipped branch is the one taken, as verl)."""
-    ratio = torch.exp(logp - behav_logp)
-    centre = torch.exp(old_logp - behav_logp)
-    clipped = torch.maximum(torch.minimum(ratio, centre + clip_eps), centre - clip_eps)
-    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
-    surrogate = torch.where(advantages < 0, torch.maximum(surrogate, clip_ratio_c * centre * advantages), surrogate)
-    clipfrac = masked_mean((clipped * advantages < ratio * advantages).float(), mask)
-    return -masked_mean(surrogate, mask), clipfrac
-
-
 def value_loss(values, old_values, returns, clip):
     """PPO's clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), mean."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
@@ -181,46 +294,10 @@ def prm_loss(step_scores, traj_ids, outcomes):
     return ((sums - outcomes.to(sums)) ** 2).mean()
 
 
-def outcome_rewards(num_steps, won, invalid, scale=10.0, penalty=0.1):
-    """Outcome reward vector: scale * won on the final step, zeros elsewhere, minus the format penalty
-    on unparseable steps (verl-agent's convention)."""
-    r = torch.tensor([-penalty * float(b) for b in invalid])
-    r[num_steps - 1] += scale * float(won)
-    return r
-
-
 def dense_rewards(dense, invalid, scale=10.0, penalty=0.1):
     """Dense (process) reward vector: the per-step process reward on the outcome's scale, minus the
     format penalty. "Training on dense" and "the reward swap" are just a choice of vector."""
     return torch.tensor([scale * d - penalty * float(b) for d, b in zip(dense, invalid)])
-
-
-# ----------------------------------------------------------------------------------------------
-# Trajectories, the reward swap and the replay buffer (PAPER steps 3-4)
-
-
-@dataclass
-class Step:
-    prompt_ids: list          # token ids of the rendered state
-    response_ids: list        # token ids the policy produced (incl. EOS when it produced one)
-    admissible: list | None   # the decoding constraint in constrained mode, None in generate mode
-    obs: str                  # environment observation: GiGPO's anchor
-    action: str
-    dense: float              # the process reward for this step: the env's, or relabelled (relabel_dense)
-    invalid: bool             # unparseable response (generate mode)
-    behav_logp: torch.Tensor | None = None  # the sampler's log-probs of response_ids (None: a demonstrator's step)
-    progress_gain: float = 0.0  # change of the env's aligned info["progress"] (--dense-reward progress, diagnostics)
-
-
-@dataclass
-class Trajectory:
-    steps: list
-    group: int
-    task_seed: int
-    task_type: str
-    won: bool
-    score: float
-    rewards: torch.Tensor = None   # the per-step reward vector the learner will see
 
 
 def attach_rewards(trajs, kind, cfg, dense=None):
@@ -234,68 +311,6 @@ def attach_rewards(trajs, kind, cfg, dense=None):
                      if kind == "outcome" else
                      dense_rewards([s.dense for s in t.steps], inv, cfg.reward_scale, cfg.invalid_penalty))
     return trajs
-
-
-def reward_swap(trajs, scale=10.0, penalty=0.1):
-    """The reward swap (PAPER step 3): the explorer's trajectories with every step's reward replaced by
-    the task's outcome reward (zeros except the final step), keeping the explorer's log-probs."""
-    return [replace(t, rewards=outcome_rewards(len(t.steps), t.won, [s.invalid for s in t.steps], scale, penalty))
-            for t in trajs]
-
-
-def groups_of(trajs):
-    """{group id: [trajectories]} in group order."""
-    out = {}
-    for t in trajs:
-        out.setdefault(t.group, []).append(t)
-    return out
-
-
-def buffer_order(outcomes, mode, generator=None):
-    """Order in which A replays buffer groups (PAPER: reward-based > variance-based > random).
-
-    outcomes: [num_groups, group_size] outcome scores. reward: highest group mean first; variance:
-    highest group std first (the groups with a GRPO signal); random: a random order. Ties are broken
-    at random. A's j-th update of the cycle takes the next m groups of this order."""
-    n = outcomes.shape[0]
-    perm = torch.randperm(n, generator=generator)
-    if mode == "random":
-        return perm
-    priority = outcomes.float().mean(1) if mode == "reward" else outcomes.float().std(1, unbiased=False)
-    return perm[torch.argsort(-priority[perm], stable=True)]
-
-
-def replay_groups(alpha, num_groups, update):
-    """m_u, the buffer groups in A's batch at update u (1-based); the other num_groups - m_u are on-policy.
-    PAPER: alpha = m / (n + m). m_u = ceil(alpha N u) - ceil(alpha N (u - 1)) is alpha N at every update when
-    alpha N is whole, and alpha N on average when it is not (alpha = 1/16 with N = 8: one group every other
-    update, from the first), so a small alpha needs no bigger batch. Exact fractions: no float rounding."""
-    share = Fraction(alpha).limit_denominator(10 ** 6) * num_groups
-    return math.ceil(share * update) - math.ceil(share * (update - 1))
-
-
-@dataclass
-class ReplayBuffer:
-    """PAPER step 4: one cycle's swapped groups in replay order, and a cursor. Refilled every cycle; A's
-    update u takes the next m_u groups (replay_groups), wrapping around when the cycle needs more than it holds."""
-    groups: list = field(default_factory=list)   # lists of trajectories, highest priority first
-    cursor: int = 0                              # groups handed out this cycle
-
-    def refill(self, trajs, mode, generator):
-        """A new cycle: the trajectories' groups ordered by --buffer-sampling (buffer_order), the cursor at 0."""
-        groups = list(groups_of(trajs).values())
-        if groups:
-            outcomes = _pad([torch.stack([t.rewards.sum() for t in g]) for g in groups])
-            groups = [groups[i] for i in buffer_order(outcomes, mode, generator).tolist()]
-        self.groups, self.cursor = groups, 0
-
-    def take(self, m, first_id):
-        """The next m groups, renumbered first_id, first_id + 1, ... so they never share an id with A's own
-        groups (GRPO/GiGPO normalise within a group)."""
-        out = [[replace(t, group=first_id + j) for t in self.groups[(self.cursor + j) % len(self.groups)]]
-               for j in range(m)]
-        self.cursor += m
-        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -486,6 +501,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
             old = _pad([old_logp[i] for i in idx]).to(dev)
             behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
             a = adv[idx].to(dev).unsqueeze(1)
+            # pi_theta = logp; pi_old = old (own steps: the sampler's, replayed: A's scoring); pi_behav = behav (the
+            # sampler's: for own steps the same as old, so c = 1; for replayed ones B's)
             pg, clipfrac = shifted_clip_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
             terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
                      "losses/entropy": masked_mean(ent, mask),

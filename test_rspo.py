@@ -231,6 +231,51 @@ def test_buffer_order():
     assert firsts == {0, 1, 2, 3}
 
 
+def rspo_core():
+    """The README's copy-out block: the text between rspo.py's core markers, run alone with the imports its header
+    names, in a namespace of its own (nothing from rspo.py)."""
+    text = open(os.path.join(HERE, "rspo.py")).read()
+    block = text[text.index("# >>> RSPO core begins"):text.index("# <<< RSPO core ends")]
+    space = {"__name__": "copied"}
+    exec("import math, torch\nfrom dataclasses import dataclass, field, replace\nfrom fractions import Fraction\n"
+         + block, space)
+    return SimpleNamespace(**space)
+
+
+def test_the_rspo_core_copies_out_whole_and_ranks_ragged_groups_by_their_own_episodes():
+    """The block a reader copies runs alone on plain data: the outcome vector, the reward swap, the replay count,
+    the buffer's order (groups of different sizes, as a trainer that drops episodes leaves them), its cursor and
+    renumbering, and the shifted clip, each against hand values."""
+    core = rspo_core()
+    assert torch.allclose(core.outcome_rewards(3, True, [False, True, False]), T([0.0, -0.1, 10.0]))
+    step = lambda: core.Step([1], [2], None, "o", "a", 0.3, False, T([-0.5]))
+    traj = lambda group, won, n=1: core.Trajectory([step() for _ in range(n)], group, 0, "t", won, float(won),
+                                                   rewards=T([3.0] * n))   # dense rewards, before the swap
+    # buffer groups: 0 = 2 of 2 won (mean 10, std 0); 1 = 2 of 4 (mean 5, std 5); 2 = 1 of 3 (mean 3.3, std 4.7)
+    trajs = [traj(0, True, 2), traj(0, True), *[traj(1, w) for w in (True, True, False, False)],
+             *[traj(2, w) for w in (True, False, False)]]
+    swapped = core.reward_swap(trajs)
+    assert torch.allclose(swapped[0].rewards, T([0.0, 10.0])) and torch.allclose(trajs[0].rewards, T([3.0, 3.0]))
+    assert swapped[0].steps[0].behav_logp is trajs[0].steps[0].behav_logp   # B's log-probs travel with the steps
+    for mode, expected in (("reward", [0, 1, 2]), ("variance", [1, 2, 0])):
+        for seed in range(20):   # ties are broken at random: no draw may put a group out of its rank
+            buffer = core.ReplayBuffer()
+            buffer.refill(swapped, mode, torch.Generator().manual_seed(seed))
+            assert [g[0].group for g in buffer.groups] == expected, (mode, seed)
+    assert [len(g) for g in buffer.groups] == [4, 3, 2]   # groups keep all their episodes
+    assert [core.replay_groups(0.0625, 8, u) for u in range(1, 5)] == [1, 0, 1, 0]
+    assert [core.replay_groups(0.25, 8, u) for u in range(1, 4)] == [2, 2, 2]
+    taken = buffer.take(2, first_id=6) + buffer.take(2, first_id=6)   # wraps around after the third group
+    assert [[t.group for t in g] for g in taken] == [[6] * 4, [7] * 3, [6] * 2, [7] * 4]
+    assert [t.group for t in buffer.groups[0]] == [1] * 4   # renumbered copies: the buffer keeps its ids
+    # shifted clip, one token each: c = exp(old - behav) = 2, rho = exp(logp - behav) = 3, eps 0.2, A = 1:
+    # -min(3, clip(3, 1.8, 2.2)) = -2.2; on-policy (behav = old): rho = 1.5 -> -min(1.5, 1.2) = -1.2
+    ln = math.log
+    loss, clipfrac = core.shifted_clip_loss(T([[ln(3)], [ln(1.5)]]), T([[ln(2)], [0.0]]), T([[0.0], [0.0]]),
+                                            T([[1.0], [1.0]]), T([[1.0], [1.0]]))
+    assert loss.item() == pytest.approx(-(2.2 + 1.2) / 2) and clipfrac.item() == 1.0
+
+
 def _typed(kind, won):
     """A one-step trajectory of task type `kind`."""
     return replace(_traj(won, [0.0]), task_type=kind)
