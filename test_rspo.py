@@ -27,6 +27,7 @@ import importlib.util
 import itertools
 import json
 import math
+import statistics
 import os
 import random
 import re
@@ -2638,6 +2639,28 @@ def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
         i = cmd.index("--final-eval-repeats")
         assert cmd[:i] + cmd[i + 2:] == [a.replace("results/main/", "results/confirm/") for a in main]   # otherwise main's
     assert [j[4] for j in jobs if j[0] == "main"] == reproduce.SEEDS * 4   # per env and method, the paper's seeds
+
+
+def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, monkeypatch):
+    """Pre-registration 13's table: nothing but a count until all 15 ALFWorld pairs are in; then the paired mean
+    difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, and secondary 1 pooled with
+    main's seeds."""
+    monkeypatch.setattr(reproduce, "last_evaluations", lambda r: r["success"])
+    row = lambda exp, method, seed, final, success: {"experiment": exp, "env": "alfworld", "algo": "grpo",
+                                                     "method": method, "seed": seed, "final_success": final,
+                                                     "success": success}
+    deltas = [0.01 * (i % 5 - 1) for i in range(15)]   # -1, 0, +1, +2, +3 points, three times: mean +1, sd 1.464
+    rows = [r for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"])
+            for r in (row("confirm", "outcome", s, 0.6, 0.5), row("confirm", "rspo_progress", s, 0.6 + deltas[i], 0.6))]
+    assert reproduce.confirm_table(rows[:-1], "alfworld")[2] == "14 of 15 pairs complete: read when all are in."
+    text = "\n".join(reproduce.confirm_table(rows, "alfworld"))
+    half = 2.145 * statistics.stdev(deltas) / math.sqrt(15)
+    assert f"| mean (n = 15) | 60.0 | 61.0 | +1.0 [{100 * (0.01 - half):+.1f}, {100 * (0.01 + half):+.1f}] |" in text
+    main = [row("main", m, s, None, 0.5 if m == "outcome" else 0.3) for s in (0, 200) for m in ("outcome", "rspo_progress")]
+    text = "\n".join(reproduce.confirm_table(rows + main, "alfworld"))
+    pooled = [-0.2, -0.2] + [0.1] * 15
+    assert f"(n = 17): {reproduce.interval_text(pooled)}" in text
+    assert reproduce.confirm_table(rows, "webshop")[2] == "0 of 10 pairs complete: read when all are in."
 
 
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):
