@@ -75,7 +75,7 @@ def play(policy, cfg, split, seeds):
 
     def act(prompts, admissible, environments):
         out = policy.act(prompts, admissible, cfg.eval_temperature)
-        for (_, action, _), env in zip(out, environments):
+        for (_, action, *_), env in zip(out, environments):
             demo = env.searching_action()
             log.append((step_kind(cfg.env, demo), action == demo, step_kind(cfg.env, action)))
         return out
