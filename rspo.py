@@ -562,7 +562,6 @@ class TrainState:
     buffer: ReplayBuffer = field(default_factory=ReplayBuffer)
     previous_own: list = field(default_factory=list)   # RSPO_H: A's own rollouts this cycle, the next buffer
     last_explorer: dict = field(default_factory=dict)  # B's last rollout stats, logged with every update
-    pending: list = field(default_factory=list)        # A's rollouts since the estimator's last refresh
     seen_states: set = field(default_factory=set)      # A's distinct observations
     explorer_states: set = field(default_factory=set)  # B's
     wins: dict = field(default_factory=dict)
@@ -633,8 +632,6 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         stats.update(update(policy, optimizer, trajs, cfg, state.generator, ref, [t for g in replay for t in g]))
         if cfg.method == "rspo" and cfg.buffer_source == "self":
             state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
-        if dense.estimator is not None and cfg.prm_refresh:
-            stats.update(refresh_if_due(dense, trajs, cfg, state, u))
         state.totals.update({"env_steps/A": state.totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
                              "updates/A": u, "time/A_seconds": state.totals["time/A_seconds"] + time.time() - t1})
         record = {"update": u, **stats, **state.totals}
@@ -1351,11 +1348,14 @@ def fit_estimator(dense, cfg, epochs, generator, desc="progress estimator"):
     return stats
 
 
-def add_estimator_data(dense, source, trajs, cfg, rng):
-    """Add new trajectories to the estimator's data, a seeded random --prm-heldout share of them to the held-out
+PRM_HELDOUT = 0.2   # the share of the estimator's episodes held out to report its fit
+
+
+def add_estimator_data(dense, source, trajs, rng):
+    """Add new trajectories to the estimator's data, a seeded random PRM_HELDOUT share of them to the held-out
     set; count them by source."""
     order = rng.permutation(len(trajs)).tolist()
-    cut = int(round(cfg.prm_heldout * len(trajs)))
+    cut = int(round(PRM_HELDOUT * len(trajs)))
     dense.train += [trajs[i] for i in order[cut:]]
     dense.heldout += [trajs[i] for i in order[:cut]]
     prev = dense.sources.get(source, {"episodes": 0, "success": 0.0})
@@ -1369,7 +1369,7 @@ ESTIMATOR_SETTINGS = ("env", "env_options", "backend", "seed", "model", "action_
                       "temperature", "group_size", "micro_batch_size", "max_grad_norm", "dtype", "warm_start",
                       "warm_start_epochs", "warm_start_lr", "prm_model",
                       "prm_freeze", "prm_warmup_episodes", "prm_expert_episodes", "prm_expert_noise",
-                      "prm_epochs", "prm_lr", "prm_batch_size", "prm_heldout")
+                      "prm_epochs", "prm_lr", "prm_batch_size")
 
 
 def load_saved_estimator(cfg):
@@ -1432,7 +1432,7 @@ def fit_dense_source(dense, policy, cfg):
             act = expert_actor(policy, cfg.prm_expert_noise, data_rng)
             collected.append(("expert", rollout(policy, cfg, seeds, act=act, group_size=1)))
         for source, trajs in collected:
-            add_estimator_data(dense, source, trajs, cfg, data_rng)
+            add_estimator_data(dense, source, trajs, data_rng)
         stats = fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(cfg.seed + 30_000))
     steps, seconds = sum(len(t.steps) for _, trajs in collected for t in trajs), time.time() - start
     if cfg.prm_path:
@@ -1441,20 +1441,6 @@ def fit_dense_source(dense, policy, cfg):
                  "sources": dense.sources, "stats": stats, "env_steps": steps, "seconds": seconds}
         save_atomically(cfg.prm_path, lambda p: torch.save(saved, p))   # a run starting meanwhile never reads half a file
     return stats, steps, seconds
-
-
-def refresh_if_due(dense, trajs, cfg, state, u):
-    """--prm-refresh N: keep A's rollouts; every N updates add them to the estimator's data and fit
-    --prm-refresh-epochs more passes."""
-    state.pending += trajs
-    if u % cfg.prm_refresh:
-        return {}
-    start = time.time()
-    add_estimator_data(dense, "refresh", state.pending, cfg, state.rng)
-    stats = fit_estimator(dense, cfg, cfg.prm_refresh_epochs, state.generator, desc="refresh estimator")
-    state.pending = []
-    state.totals["time/prm_seconds"] += time.time() - start
-    return stats
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1510,7 +1496,8 @@ def build_parser():
     a("--device", default="auto", help="auto (cuda -> mps -> cpu), cpu, cuda, mps, cuda:1 ...")
     a("--gradient-checkpointing", action=on_off, default=False, help="trade compute for memory")
     a("--explorer-offload", action=on_off, default=False, help="A waits in CPU memory while B trains")
-    a("--generation-batch-size", type=int, default=128, help="prompts per generate call (bounds the KV cache)")
+    a("--generation-batch-size", type=int, default=128, help="prompts per generate call (bounds the KV cache; "
+      "TRL's generation_batch_size)")
     # optimisation
     a("--lr", type=float, default=None, help="Adam learning rate (default 1e-4 for tiny, 1e-6 otherwise)")
     a("--warm-start", type=int, default=None, help="before RL, imitate this many demonstrator episodes (offline "
@@ -1545,11 +1532,8 @@ def build_parser():
     a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
     a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
     a("--prm-epochs", type=int, default=None, help="passes over the estimator's data (default 10 ALFWorld, 5 WebShop)")
-    a("--prm-refresh", type=int, default=0, help="every N updates of A, refit the estimator on A's rollouts too")
-    a("--prm-refresh-epochs", type=int, default=3, help="passes over the accumulated data per refresh")
     a("--prm-lr", type=float, default=None, help="estimator Adam lr (default 1e-3 for tiny, 1e-5 otherwise)")
     a("--prm-batch-size", type=int, default=16, help="trajectories per estimator optimizer step")
-    a("--prm-heldout", type=float, default=0.2, help="share of the estimator's episodes held out to report its fit")
     a("--prm-path", default=None, help="fitted estimator file: loaded if it exists (same settings), else saved there")
     # evaluation, logging, the run directory
     a("--eval-every", type=int, default=5, help="evaluate every N updates of A (0: start and end only)")
@@ -1581,8 +1565,7 @@ def validate(cfg):
                "micro_batch_size generation_batch_size max_new_tokens max_steps eval_episodes warm_start_epochs "
                "prm_batch_size"),
               ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every final_eval_repeats save_every history "
-               "beta ent_coef vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs "
-               "prm_refresh prm_refresh_epochs"),
+               "beta ent_coef vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs"),
               ("must be > 0", lambda v: v > 0, "lr explorer_lr warm_start_lr prm_lr clip_eps vf_clip max_grad_norm "
                "reward_scale")]
     for msg, ok, names in bounds:   # None: a default filled in below
@@ -1595,16 +1578,13 @@ def validate(cfg):
         (cfg.clip_ratio_c > 1, "--clip-ratio-c must be > 1"),
         (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
         (0.0 <= cfg.gamma <= 1.0 and 0.0 <= cfg.lam <= 1.0, "--gamma and --lam must be in [0, 1]"),
-        (0.0 <= cfg.prm_expert_noise <= 1.0 and 0.0 <= cfg.prm_heldout < 1.0,
-         "--prm-expert-noise must be in [0, 1] and --prm-heldout in [0, 1)"),
+        (0.0 <= cfg.prm_expert_noise <= 1.0, "--prm-expert-noise must be in [0, 1]"),
         (not cfg.warm_start or cfg.backend == "offline",
          "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
         (not (cfg.overwrite and cfg.resume), "--overwrite and --resume exclude each other"),
         (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
          "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
         (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
-        (not cfg.prm_path or not cfg.prm_refresh,
-         "--prm-path keeps the fitted estimator, not its data: it cannot be combined with --prm-refresh"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -234,7 +234,7 @@ def test_buffer_order():
 
 # The size ratchet (lower it when a feature goes; the goal: rspo.py <= 1,700 lines, none over 110 characters, the
 # method section <= 650 lines and first)
-RATCHET = {"lines": 2048, "long lines": 118, "method lines": 711}
+RATCHET = {"lines": 2028, "long lines": 115, "method lines": 708}
 
 
 def test_rspo_py_stays_within_its_size_ratchet():
@@ -1197,7 +1197,6 @@ NO_GGUF = {"PYTHONPATH": "{tmp}"}   # a gguf.py there that raises ImportError: a
     (["--warm-start-lr", "0"], "--warm-start-lr must be > 0", {}),
     (["--dense-reward", "learned", "--prm-warmup-episodes", "0", "--prm-expert-episodes", "0"], "needs --prm-", {}),
     (["--prm-path", "{tmp}/e.pt"], "--prm-path needs --dense-reward learned", {}),
-    (["--dense-reward", "learned", "--prm-path", "{tmp}/e.pt", "--prm-refresh", "2"], "cannot be combined", {}),
     (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf"], "is not a saved progress estimator", {}),
     (["--seed", "-1"], "--seed must be in [0, 2^31)", {}),
     (["--device", "cuda:7"], "--device cuda:7: no such device on this machine", {}),
@@ -2390,13 +2389,11 @@ def test_estimator_rewards_correlate_with_alfworld_progress():
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
 def test_rspo_with_learned_dense_reward_runs(tmp_path, env):
     records = run(tmp_path, "--env", env, "--method", "rspo", "--dense-reward", "learned", "--dense-noise", "0.1",
-                  "--prm-warmup-episodes", "4", "--prm-expert-episodes", "8", "--prm-epochs", "2",
-                  "--prm-refresh", "1")
+                  "--prm-warmup-episodes", "4", "--prm-expert-episodes", "8", "--prm-epochs", "2")
     assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[0]["env_steps/prm"] > 0
-    assert "prm/heldout_loss" in records[1] and records[-1]["updates/B"] == 2
+    assert records[-1]["updates/B"] == 2
     data = json.loads((tmp_path / "config.json").read_text())["prm_data"]
     assert data["warmup"]["episodes"] == 4 and data["expert"]["episodes"] == 8
-    assert data["refresh"]["episodes"] == 2 * 3 * 2   # 2 updates x 3 on-policy groups x 2 episodes
 
 
 def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
