@@ -5,7 +5,8 @@
 
 Warm-starts the policy as the main runs do, plays one training batch, then times (best of --repeats) and counts
 the FLOPs (torch's FlopCounterMode) of the parts of one update of A: the rollout (decoding: prefill and new
-tokens), and rspo.update (scoring, forward with gradients, backward; Adam is negligible). The floor of each
+tokens), rspo.update (forward with gradients, backward, and whatever scoring the update does; Adam is negligible), and
+a scoring pass over the batch (score_steps: part of every update before the sampler recorded log-probs). The floor of each
 part is its FLOPs over what this machine sustains on matmuls of the update's shapes (measured here, same
 threads). Prints one table: seconds, GFLOP, achieved GFLOP/s, floor seconds and the ratio.
 """
@@ -92,7 +93,7 @@ def main(argv):
         optimizer = torch.optim.Adam(learner.agent.parameters(), lr=cfg.lr)
         return lambda: rspo.update(learner, optimizer, trajs, cfg, torch.Generator().manual_seed(0))
     rows["update (rspo.update)"] = min(best_time(learn(), 1) for _ in range(repeats)), flops(learn())
-    rows["  of which scoring pass (score_steps)"] = (best_time(lambda: rspo.score_steps(policy, steps, cfg), repeats),
+    rows["a scoring pass over the batch (score_steps)"] = (best_time(lambda: rspo.score_steps(policy, steps, cfg), repeats),
                                                     flops(lambda: rspo.score_steps(policy, steps, cfg)))
     per_pass = int(np.mean(sorted(lengths)[-cfg.micro_batch_size:])) * cfg.micro_batch_size
     rate = matmul_rate(policy, per_pass)
