@@ -362,6 +362,12 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
 EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples the panel alike
 
 
+def eval_panel(cfg, split):
+    """The held-out panel of `split`: its first --eval-episodes tasks (all of them when it has fewer)."""
+    tasks = envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options)
+    return range(min(cfg.eval_episodes, tasks))
+
+
 def evaluate(policy, cfg):
     """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
     for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
@@ -369,9 +375,8 @@ def evaluate(policy, cfg):
     out = {}
     for i, split in enumerate(cfg.eval_split.split(",")):
         prefix = "eval" if i == 0 else f"eval_{split}"
-        n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
         with own_rng(cfg.seed + EVAL_SEED_OFFSET, policy.device):
-            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature)
+            trajs = rollout(policy, cfg, eval_panel(cfg, split), split, cfg.eval_temperature)
         out[f"{prefix}/success"] = float(np.mean([t.won for t in trajs]))
         out[f"{prefix}/score"] = float(np.mean([t.score for t in trajs]))
         for kind in sorted({t.task_type for t in trajs}):
@@ -390,8 +395,8 @@ def final_evaluation(policy, cfg):
     out, won = {}, []
     with own_rng(cfg.seed + FINAL_SEED_OFFSET, policy.device):
         for split in cfg.eval_split.split(","):
-            n = min(cfg.eval_episodes, envs.num_tasks(cfg.env, split, backend=cfg.backend, **cfg.env_options))
-            trajs = rollout(policy, cfg, range(n), split, cfg.eval_temperature, group_size=cfg.final_eval_repeats)
+            trajs = rollout(policy, cfg, eval_panel(cfg, split), split, cfg.eval_temperature,
+                            group_size=cfg.final_eval_repeats)
             out[f"final_{split}/success"] = float(np.mean([t.won for t in trajs]))
             won += [t.won for t in trajs]
     return {"final/success": float(np.mean(won)), **out}
@@ -466,12 +471,8 @@ def score_steps(policy, steps, cfg):
 def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
     """One update (the unit of the budget): old log-probs and advantages, then `epochs` passes of
     minibatch SGD on the clipped surrogate (+ KL, entropy, value terms). trajs: the policy's own fresh
-    rollouts; replayed: buffer trajectories, sampled by another policy (B, or RSPO_H's earlier A).
-    The three log-probs of shifted_clip_loss, per token:
-        pi_theta   the policy now (Policy.forward, with gradients)
-        pi_old     own: the sampler's log-probs (the policy sampled them at these weights);
-                   replayed: scored here (score_steps)
-        pi_behav   the sampler's log-probs, Step.behav_logp (own: = pi_old, so c = 1)"""
+    rollouts, their sampler's log-probs pi_old; replayed: buffer trajectories sampled by another policy (B, or
+    RSPO_H's earlier A), scored here for pi_old. Which log-probs reach the loss: where it is called."""
     own, other = [s for t in trajs for s in t.steps], [s for t in replayed for s in t.steps]
     steps = own + other
     # A scoring pass only for what the sampler did not record: pi_old of replayed steps (PPO: V(s) of every state)
@@ -501,8 +502,7 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
             old = _pad([old_logp[i] for i in idx]).to(dev)
             behav = _pad([steps[i].behav_logp for i in idx]).to(dev)
             a = adv[idx].to(dev).unsqueeze(1)
-            # pi_theta = logp; pi_old = old (own steps: the sampler's, replayed: A's scoring); pi_behav = behav (the
-            # sampler's: for own steps the same as old, so c = 1; for replayed ones B's)
+            # pi_theta = logp; pi_old = old (own: sampled, replayed: scored by A); pi_behav = behav (sampled)
             pg, clipfrac = shifted_clip_loss(logp, old, behav, a, mask, cfg.clip_eps, cfg.clip_ratio_c)
             terms = {"losses/policy_loss": pg, "losses/clipfrac": clipfrac,
                      "losses/entropy": masked_mean(ent, mask),
@@ -532,8 +532,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
 
 def explore(policy, cfg, rng, generator, ref, dense, seen):
     """PAPER steps 1-3: B <- copy(A); k updates of B on the explorer reward; B's fresh rollouts, with
-    B's log-probs (its sampler's, Step.behav_logp), swapped to outcome rewards. Returns (buffer trajectories, stats, B's env steps); adds the
-    observations B met to the set `seen` (its distinct states).
+    B's log-probs (its sampler's, Step.behav_logp), swapped to outcome rewards. Returns (buffer trajectories,
+    stats, B's env steps); adds the observations B met to the set `seen` (its distinct states).
     B and its Adam state exist only inside this call (train then returns their memory to the device)."""
     explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
     optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)  # fresh each cycle (inferred)
@@ -1047,9 +1047,9 @@ class Policy:
                                repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
                                pad_token_id=self.pad_id, eos_token_id=self.stop_ids)
         bias = self.agent.copy_bias(prompts)
-        record = None if greedy else SampledLogProbs(temperature)
-        processors = LogitsProcessorList([p for p in (
-            None if bias is None else CopyTerm(self.agent.copy_weight.detach() * bias), record) if p is not None])
+        copy_term = None if bias is None else CopyTerm(self.agent.copy_weight.detach() * bias)
+        record = None if greedy else SampledLogProbs(temperature)   # last: reads what the sampler draws from
+        processors = LogitsProcessorList([p for p in (copy_term, record) if p is not None])
         with self.autocast(), without_checkpoint_sampling(self.agent.lm):
             out = self.agent.lm.generate(**enc, generation_config=gen, logits_processor=processors,
                                          prefix_allowed_tokens_fn=allowed if self.constrained else None)

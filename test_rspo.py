@@ -234,7 +234,7 @@ def test_buffer_order():
 
 # The size ratchet (lower it when a feature goes; the goal: rspo.py <= 1,700 lines, none over 110 characters, the
 # method section <= 650 lines and first)
-RATCHET = {"lines": 2028, "long lines": 115, "method lines": 708}
+RATCHET = {"lines": 2028, "long lines": 111, "method lines": 708}
 
 
 def test_rspo_py_stays_within_its_size_ratchet():
