@@ -2796,7 +2796,7 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
 
 
 def test_curves_script_names_each_task_type_and_category(tmp_path):
-    """results/curves.py: one column per evaluation key, named by its task type (ALFWorld's, shortened) or category
+    """scripts/curves.py: one column per evaluation key, named by its task type (ALFWorld's, shortened) or category
     (WebShop's), "all" for the whole panel; each cell the mean over seeds (hand-computed: (0.5 + 0.25) / 2 = 37.5 %)."""
     for env, key, seeds in (("alfworld", "pick_and_place_simple", (0.5, 0.25)), ("webshop", "beauty", (0.5, 0.25))):
         for i, v in enumerate(seeds):
@@ -2804,10 +2804,51 @@ def test_curves_script_names_each_task_type_and_category(tmp_path):
             run.mkdir(parents=True)
             record = {"update": 0, "eval/success": v, f"eval/success/{key}": 1 - v}
             (run / "metrics.jsonl").write_text(json.dumps(record) + "\n" + json.dumps({"update": 1}) + "\n")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "results", "curves.py"), str(tmp_path)],
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "curves.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "| update | all | pick |\n" in out and "| update | all | beauty |\n" in out
     assert out.count("| 0 | 37.5 | 62.5 |") == 2
+
+
+def test_mechanism_script_tables_b_and_a_per_task_type_and_block(tmp_path):
+    """scripts/mechanism.py: per task type and block of 10 updates, the mean over seeds of B's and A's training
+    success, the wins replayed in the block (from the running totals) and A's held-out success at the block's end.
+    By hand: B (.5 + .3) / 2, A (.2 + .4) / 2; replayed (4 + 2) / 2 in updates 1-10, (2 + 6) / 2 in 11-20 (running
+    totals 4 -> 6 and 2 -> 8); held-out (.6 + .2) / 2 at update 10, (.7 + .5) / 2 at 20."""
+    kind = "pick_and_place_simple"
+    for seed, (b, a, wins, ev) in enumerate(((0.5, 0.2, (4, 6), (0.6, 0.7)), (0.3, 0.4, (2, 8), (0.2, 0.5)))):
+        run = tmp_path / "main" / f"alfworld_grpo_rspo_progress_s{seed}"
+        run.mkdir(parents=True)
+        records = [{"update": 0, "eval/success": 0.1}] + [
+            {"update": u, f"explorer/success/{kind}": b, f"train/success/{kind}": a,
+             f"buffer/wins/{kind}": wins[(u - 1) // 10] if u % 10 == 0 else 0,
+             **({f"eval/success/{kind}": ev[u // 10 - 1]} if u % 10 == 0 else {})} for u in range(1, 21)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "mechanism.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "# The mechanism of rspo_progress+grpo: B's and A's success per task type (2 seeds, updates 1–20)" in out
+    assert "### pick\n\n| updates | B's success | A's success | replayed wins | A held-out |\n|---|---|---|---|---|\n" \
+           "| 1–10 | 40.0 | 30.0 | 3.0 | 40.0 |\n| 11–20 | 40.0 | 30.0 | 4.0 | 60.0 |\n" in out
+
+
+def test_calibration_table_script_prints_one_row_per_run(tmp_path):
+    """scripts/calibration_table.py: per run its flags (without the output directory), its held-out curve, best
+    evaluation after the warm start, last update, the warm start's seconds and A's seconds per update; the score
+    for WebShop."""
+    for name, env, score in (("run_a", "alfworld", {}), ("run_b", "webshop", {"eval/score": 0.1})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "command.txt").write_text(f"python rspo.py --env {env} --lr 1e-4 --output-dir results/x/{name}\n")
+        records = [{"update": 0, "eval/success": 0.4, "time/warmstart_seconds": 12.3, **score},
+                   {"update": 1, "train/success": 0.1, "updates/A": 1, "time/A_seconds": 3.0, "eval/success": 0.5, **score},
+                   {"update": 2, "train/success": 0.2, "updates/A": 2, "time/A_seconds": 7.0, "eval/success": 0.45,
+                    **({"eval/score": 0.3} if score else {})}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "calibration_table.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "| run_a | `--env alfworld --lr 1e-4` | 40.0 → 50.0 → 45.0 | 50.0 | 2 | 12 | 3.5 |",
+        "| run_b | `--env webshop --lr 1e-4` | 40.0 → 50.0 → 45.0 (score 0.10 → 0.30) | 50.0 | 2 | 12 | 3.5 |"]
 
 
 def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys, monkeypatch):

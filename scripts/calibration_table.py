@@ -1,13 +1,16 @@
 """Print the calibration table (results/calibration/README.md) from the runs' metrics.
 
-    python results/calibration/table.py
+    python scripts/calibration_table.py           # the runs in results/calibration/*/
+    python scripts/calibration_table.py DIR       # the runs in DIR/*/ instead
 """
 import glob
 import json
 import os
+import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for path in sorted(glob.glob(os.path.join(HERE, "*", "metrics.jsonl"))):
+CALIBRATION = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "calibration")
+for path in sorted(glob.glob(os.path.join(CALIBRATION, "*", "metrics.jsonl"))):
     recs = [json.loads(line) for line in open(path) if line.strip()]
     evals = [r for r in recs if "eval/success" in r]
     trains = [r for r in recs if "train/success" in r]

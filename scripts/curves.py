@@ -1,7 +1,7 @@
 """Held-out curves per task type, mean over seeds, of the runs in results/main (printed as markdown).
 
-    python results/curves.py > results/curves.md
-    python results/curves.py results/archive_h64 > results/archive_h64/curves.md   # another results directory
+    python scripts/curves.py > results/curves.md
+    python scripts/curves.py DIR          # the runs in DIR/main instead
 """
 import glob
 import json
@@ -10,7 +10,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-RESULTS = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+RESULTS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 runs = defaultdict(list)   # (env, algo, method) -> [records with an evaluation]
 for path in sorted(glob.glob(os.path.join(RESULTS, "main", "*", "metrics.jsonl"))):
     name = os.path.basename(os.path.dirname(path))
