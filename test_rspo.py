@@ -2586,15 +2586,11 @@ def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(
 
 
 def test_later_comparisons_are_registered_before_their_runs(reproduce):
-    """Pre-registrations 3 and 4 of the hidden-64 regime (results/archive_h64/README.md): every ablation against the
-    full method and GRPO, every sweep setting (the alpha = 0 control too) against the full method, ALFWorld GRPO;
-    pre-registrations 6, 7 and 8 of this regime (results/README.md) likewise."""
-    for m in reproduce.EXPERIMENTS["ablations"][0]:
-        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED_H64)
+    """Pre-registrations 6, 7 and 8 (results/PREREGISTRATIONS.md): every ablation against the full method and GRPO,
+    Figure 3, Table 1's WebShop rows, the learned source with GiGPO and PPO, every sweep setting (the alpha = 0
+    control too) against the full method, ALFWorld GRPO."""
     assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
-    for m in reproduce.EXPERIMENTS["sweeps"][0]:
-        assert ("alfworld", "grpo", m, "rspo") in reproduce.REGISTERED_H64
-    # and pre-registration 6 of this regime (results/README.md): the ablations, Figure 3, Table 1's WebShop rows
+    # pre-registration 6: the ablations, Figure 3, Table 1's WebShop rows
     for m in reproduce.EXPERIMENTS["ablations"][0]:
         assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED)
     for env in ("alfworld", "webshop"):
@@ -2851,16 +2847,14 @@ def test_calibration_table_script_prints_one_row_per_run(tmp_path):
         "| run_b | `--env webshop --lr 1e-4` | 40.0 → 50.0 → 45.0 (score 0.10 → 0.30) | 50.0 | 2 | 12 | 3.5 |"]
 
 
-def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path, capsys, monkeypatch):
-    """--report --results DIR (the archive) reads the runs under DIR and writes final.csv and tables.md there,
-    with each run's path where it lies now; results/ is left alone. --results without --report is refused. The
-    archive's runs predate the registration: no pre-registered table, even for a registered (env, algo, method);
-    results/archive_h64 gets its own regime's (REGISTERED_H64). The estimator's table names its data from the run's
-    config."""
-    archive = tmp_path / "results" / "archive"
+def test_reproduce_report_writes_final_csv_and_tables_under_results(reproduce, tmp_path):
+    """--report reads the complete runs under results/ and writes final.csv (each run's path from the repository
+    root) and tables.md there: the fair test's count, a registered comparison's table once both of its runs are in,
+    and the estimator's table naming its data from the run's config."""
+    results = tmp_path / "results"
     for method, prm in [("outcome", {}), ("rspo", {"prm_model": "tiny", "prm_warmup_episodes": 64,
                                                    "prm_expert_episodes": 256, "prm_epochs": 30})]:
-        run = archive / "main" / f"webshop_grpo_{method}_s0"
+        run = results / "main" / f"webshop_grpo_{method}_s0"
         run.mkdir(parents=True)
         (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4,
                                                        "eval_split": "test", **prm}))
@@ -2869,24 +2863,17 @@ def test_reproduce_report_rebuilds_another_results_directory(reproduce, tmp_path
             {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1, **(fit if prm else {})},
             {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
              "env_steps/B": 0, "time/A_seconds": 2.0}]))
-    reproduce.main(["--report", "--results", str(archive)])
-    with open(archive / "final.csv") as f:
+    reproduce.main(["--report"])
+    with open(results / "final.csv") as f:
         row, _ = csv.DictReader(f)
-    assert row["method"] == "outcome" and float(row["success"]) == 0.25
-    assert row["path"] == os.path.relpath(archive / "main" / "webshop_grpo_outcome_s0", reproduce.ROOT)
-    text = (archive / "tables.md").read_text()
-    assert "## Main comparison" in text and "Pre-registered" not in text
-    assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
-    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED   # registered, yet left out above
-    assert sorted(os.listdir(tmp_path / "results")) == ["archive"]
-    shutil.copytree(archive, tmp_path / "results" / "archive_h64")
-    monkeypatch.setattr(reproduce, "REGISTERED", [])
-    reproduce.main(["--report", "--results", str(tmp_path / "results" / "archive_h64")])
-    text = (tmp_path / "results" / "archive_h64" / "tables.md").read_text()
+    assert row["method"] == "outcome" and float(row["success"]) == 0.25 and row["final_success"] == ""
+    assert row["path"] == os.path.relpath(results / "main" / "webshop_grpo_outcome_s0", reproduce.ROOT)
+    text = (results / "tables.md").read_text()
+    assert "0 of 15 pairs complete: read when all are in." in text and "## Main comparison" in text
+    assert ("webshop", "grpo", "rspo", "outcome") in reproduce.REGISTERED
     assert "## Pre-registered comparison: rspo+grpo vs grpo on webshop" in text
-    with pytest.raises(SystemExit):
-        reproduce.main(["--results", str(archive)])
-    assert "--results goes with --report" in capsys.readouterr().err
+    assert "Pre-registered comparison: rspo_progress+grpo" not in text   # registered, but no runs
+    assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
 
 
 def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path, monkeypatch, capsys):

@@ -3,9 +3,8 @@
     python scripts/reproduce.py                         # everything, 3 seeds, 2 jobs at a time, resumable
     python scripts/reproduce.py --experiments main --envs alfworld --algos grpo --seeds 0
     python scripts/reproduce.py --report                # only rebuild results/final.csv, tables, figures
-    python scripts/reproduce.py --report --results results/archive   # the same for the archived runs
     python scripts/reproduce.py --list                  # print the commands, run nothing
-    python scripts/reproduce.py --verify results/archive/main/webshop_grpo_outcome_s200   # rerun one, compare
+    python scripts/reproduce.py --verify results/main/webshop_grpo_outcome_s200   # rerun one, compare
 
 Each run is one `python rspo.py ...` command with its own directory results/<experiment>/<run>/ holding
 metrics.jsonl, config.json and command.txt (the exact command line). A run made by the same command whose
@@ -17,11 +16,8 @@ in a temporary git worktree of that commit, for a run directory wherever it lies
 names the results/<experiment>/<run>/ it was written to; the rerun goes to a temporary directory instead;
 a commit from before `--reward` was renamed `--method` is given `--reward`, see for_old_trainer).
 
-New runs go to results/. results/archive/ (a tiny agent trained from scratch), results/archive_h64/ (the
-hidden-64 agent, warm-started), results/archive_webshop_asin/ (WebShop with its results named by ASIN and no
-copy term) and results/archive_webshop_cap10/ (WebShop episodes cut at 10 steps) hold the earlier regimes' runs,
-moved there unchanged (see their READMEs):
---report --results DIR rebuilds a directory's final.csv, tables and figures, and --verify reruns any run.
+Runs go to results/. The superseded regimes' runs left the tree: results/README.md names the commit to check
+out to see and regenerate them.
 
 Every method in a comparison shares the environment settings, seeds, evaluation panel and budget of
 A's updates below (SETTINGS); RSPO's own knobs stay at the paper's defaults (alpha 1/8, k 3) except in the
@@ -82,7 +78,7 @@ METHODS = {
     "outcome": ["--method", "outcome"],
     "outcome_long": ["--method", "outcome", "{long}"],
     "rspo_progress": ["--method", "rspo", "--dense-reward", "progress"],
-    # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (results/README.md, pre-registration 2)
+    # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (results/PREREGISTRATIONS.md, pre-registration 2)
     "rspo_progress_elr3e-4": ["--method", "rspo", "--dense-reward", "progress", "--explorer-lr", "3e-4"],
     "rspo": ["--method", "rspo", *LEARNED],
     "rspo_envdense": ["--method", "rspo", "--dense-reward", "env"],
@@ -363,7 +359,7 @@ def paired_difference(rs, rows):
 # Student's t, two-sided 95 %, by degrees of freedom (n - 1 for n paired seeds)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
-# The pre-registered comparisons of results/README.md, (env, algo, method, base method), each a table in tables.md:
+# The pre-registered comparisons of results/PREREGISTRATIONS.md, (env, algo, method, base method), each a table in tables.md:
 # pre-registration 5, the primary first
 REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome"),
@@ -379,17 +375,6 @@ REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               # pre-registration 8: Table 2's sweeps, each setting against the default knobs; the control also against GRPO
               *[("alfworld", "grpo", m, "rspo") for m in EXPERIMENTS["sweeps"][0]],
               ("alfworld", "grpo", "rspo_alpha0", "outcome")]
-# Those of the hidden-64 regime (results/archive_h64/README.md, pre-registrations 1-4), so its tables regenerate
-REGISTERED_H64 = [("alfworld", "grpo", "rspo_progress", "outcome"), ("alfworld", "grpo", "rspo_progress_elr3e-4", "outcome"),
-              ("alfworld", "grpo", "rspo_progress_elr3e-4", "rspo_progress"),
-              ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome"),
-              ("alfworld", "grpo", "rspo", "outcome"), ("alfworld", "grpo", "rspo_envdense", "outcome"),
-              *[("webshop", "grpo", m, "outcome") for m in ("rspo_progress", "rspo", "rspo_envdense")],
-              # Table 2 (pre-registration 3): each ablation against the full method and against the base
-              *[("alfworld", "grpo", m, base) for m in EXPERIMENTS["ablations"][0] for base in ("rspo", "outcome")],
-              # Table 2's sweeps (pre-registration 4): each setting against the default knobs, rspo
-              *[("alfworld", "grpo", m, "rspo") for m in EXPERIMENTS["sweeps"][0]]]
-
 
 def paired_interval(diffs):
     """(mean, low, high): the mean of paired differences and its 95 % Student-t interval (NaN below 2 pairs)."""
@@ -582,8 +567,7 @@ def equal_cost_table(rows):
     (pre-registration 6). RSPO's cost includes the estimator's fit, shared by the runs of one env and seed but
     charged in full."""
     methods = [m for m in ("rspo", "rspo_progress") if any(r["method"] == m for r in rows)]
-    named = methods != ["rspo"]   # the method column only where there is more than the learned source (archive)
-    head = ["env", *(["RSPO method"] if named else []), "seed", "RSPO success", "RSPO env steps",
+    head = ["env", "RSPO method", "seed", "RSPO success", "RSPO env steps",
             "GRPO at equal A updates", "GRPO at equal env steps (updates)", "RSPO seconds", "GRPO at equal seconds (updates)"]
     lines, diffs = [], defaultdict(lambda: ([], []))   # (env, method) -> RSPO - GRPO at equal env steps, seconds
     for r in [r for r in rows if r["experiment"] == "main" and r["algo"] == "grpo" and r["method"] in methods]:
@@ -598,12 +582,12 @@ def equal_cost_table(rows):
         def show(x):   # "whole run": the longer run ended inside the budget (it never reached RSPO's cost)
             return "–" if x is None else f"{100 * x['eval/success']:.1f} ({x['update']}" + \
                 (", whole run)" if x["update"] == records[-1]["update"] else ")")
-        lines.append([r["env"], *([r["method"]] if named else []), str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
+        lines.append([r["env"], r["method"], str(r["seed"]), f"{100 * r['success']:.1f}", f"{r['env_steps_total']}",
                       f"{100 * base[0]['success']:.1f}", show(by_steps), f"{r['wall_seconds']:.0f}", show(by_time)])
         for d, x in zip(diffs[r["env"], r["method"]], (by_steps, by_time)):
             d += [] if x is None else [r["success"] - x["eval/success"]]
     for (env, method), (steps, secs) in diffs.items():
-        lines.append([env, *([method] if named else []), f"mean Δ RSPO − GRPO (n = {len(steps)})", "", "", "",
+        lines.append([env, method, f"mean Δ RSPO − GRPO (n = {len(steps)})", "", "", "",
                       interval_text(steps), "", interval_text(secs)])
     return table(head, lines)
 
@@ -637,14 +621,14 @@ def shape_table(rows):
     return intro + table(head, lines) if lines else []
 
 
-def tables(rows, registered=()):
-    """tables.md: the pre-registered comparisons `registered` (REGISTERED for results/, REGISTERED_H64 for
-    results/archive_h64; none for results/archive, whose runs predate the registration), then every experiment's table."""
+def tables(rows):
+    """tables.md: the fair test (pre-registration 13) and the pre-registered comparisons (REGISTERED), then every
+    experiment's table."""
     out = ["# Results tables (generated by `python scripts/reproduce.py --report`)", "",
            "Held-out success (%) at the start and end of training, mean ± std over the seeds (n); WebShop's",
            "score is the mean purchase reward × 100. Costs include the explorer B and the progress estimator's fit.", "",
-           *[line for env in ("alfworld", "webshop") if registered is REGISTERED for line in confirm_table(rows, env)],
-           *[line for comparison in registered for line in primary_table(rows, *comparison)],
+           *[line for env in ("alfworld", "webshop") for line in confirm_table(rows, env)],
+           *[line for comparison in REGISTERED for line in primary_table(rows, *comparison)],
            "## Main comparison: base algorithm vs RSPO (learned progress estimator) vs RSPO (env dense reward)", "",
            *results_table(rows, {"main"}),
            "## Diagnostics", "", "explorer success: B's success on its last training batch of each cycle, mean over",
@@ -753,31 +737,25 @@ def figures(rows, results):
 
 FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
-          "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "path"]
-NEW_FIELDS = ["final_success", "warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
-              "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed"]
+          "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "final_success",
+          "warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
+          "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "path"]
 
 
-def report(results=None):
-    """final.csv, tables.md and the figures of the runs under `results` (default RESULTS), written there."""
-    results = results or RESULTS
-    name = os.path.relpath(results)
-    rows = final_rows(results)
+def report():
+    """final.csv, tables.md and the figures of the runs under RESULTS, written there."""
+    name = os.path.relpath(RESULTS)
+    rows = final_rows(RESULTS)
     if not rows:
         print(f"no complete runs under {name}/")
         return
-    with open(os.path.join(results, "final.csv"), "w", newline="") as f:
-        # the new regime's columns only where a run has them, so the archive's final.csv regenerates as it was
-        extra = [k for k in NEW_FIELDS if any(k in r for r in rows)]
-        w = csv.DictWriter(f, fieldnames=FIELDS[:-1] + extra + FIELDS[-1:], extrasaction="ignore")
+    with open(os.path.join(RESULTS, "final.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    with open(os.path.join(results, "tables.md"), "w") as f:
-        registered = {RESULTS: REGISTERED, os.path.join(RESULTS, "archive_h64"): REGISTERED_H64,
-                      os.path.join(RESULTS, "archive_webshop_asin"): [r for r in REGISTERED if r[0] == "webshop"]}
-        registered = {os.path.abspath(k): v for k, v in registered.items()}.get(os.path.abspath(results), ())
-        f.write(tables(rows, registered) + "\n")
-    figures(rows, results)
+    with open(os.path.join(RESULTS, "tables.md"), "w") as f:
+        f.write(tables(rows) + "\n")
+    figures(rows, RESULTS)
     print(f"{len(rows)} runs -> {name}/final.csv, {name}/tables.md, {name}/*.png")
 
 
@@ -869,18 +847,14 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
-    p.add_argument("--results", metavar="DIR", help="with --report: the results directory to rebuild "
-                   "(default results/; results/archive or results/archive_h64 for an earlier regime's runs)")
     p.add_argument("--verify", nargs="+", metavar="RUN_DIR",
                    help="rerun these committed runs from their command.txt at the commit that made them "
                         "and check the metrics match")
     p.add_argument("--here", action="store_true",
                    help="with --verify: rerun with the current tree instead (do later changes keep behaviour?)")
     args = p.parse_args(argv)
-    if args.results and not args.report:
-        p.error("--results goes with --report (new runs always go to results/)")
     if args.report:
-        return report(args.results)
+        return report()
     if args.verify:
         sys.exit(0 if verify(args.verify, args.here) else 1)
     jobs = plan(args)
