@@ -57,7 +57,7 @@ SETTINGS = {
                  "--updates", "100", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "valid_seen,valid_unseen"],
     # WebShop's results named item1 ... item10 and the copy term: without them the tiny policy cannot say the product
     # or the option it means (results/calibration/README.md, the last two sections; 15.6 -> 37.6 %); episodes of up to
-    # 15 steps, the benchmark's own cap (results/README.md, pre-registration 12)
+    # 15 steps, the benchmark's own cap (results/PREREGISTRATIONS.md, pre-registration 12)
     "webshop": ["--env", "webshop", "--env-options", '{"results_names": "position"}', "--copy-term", "--num-groups", "8",
                 "--group-size", "8", "--max-steps", "15", *WARM,
                 "--updates", "40", "--eval-every", "10", "--eval-episodes", "256", "--eval-split", "test"],
@@ -78,7 +78,8 @@ METHODS = {
     "outcome": ["--method", "outcome"],
     "outcome_long": ["--method", "outcome", "{long}"],
     "rspo_progress": ["--method", "rspo", "--dense-reward", "progress"],
-    # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (results/PREREGISTRATIONS.md, pre-registration 2)
+    # B at 3x A's learning rate: chosen on a probe seed by B's diagnostics (the hidden-64 regime;
+    # results/PREREGISTRATIONS.md, pre-registration 2)
     "rspo_progress_elr3e-4": ["--method", "rspo", "--dense-reward", "progress", "--explorer-lr", "3e-4"],
     "rspo": ["--method", "rspo", *LEARNED],
     "rspo_envdense": ["--method", "rspo", "--dense-reward", "env"],
@@ -359,7 +360,8 @@ def paired_difference(rs, rows):
 # Student's t, two-sided 95 %, by degrees of freedom (n - 1 for n paired seeds)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
-# The pre-registered comparisons of results/PREREGISTRATIONS.md, (env, algo, method, base method), each a table in tables.md:
+# The pre-registered comparisons of results/PREREGISTRATIONS.md, (env, algo, method, base method), each a table in
+# tables.md:
 # pre-registration 5, the primary first
 REGISTERED = [("alfworld", "grpo", "rspo_progress", "outcome"),
               ("alfworld", "gigpo", "rspo_progress", "outcome"), ("alfworld", "ppo", "rspo_progress", "outcome"),
@@ -422,7 +424,7 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
                   f"{100 * statistics.mean(r['success'] for r in rs):.1f}", *summary])
     names = {"success": f"Δ {rs[0]['measure']} (the measure)", "unseen_success": "Δ valid_unseen", "last 3": "Δ mean of the last 3 evaluations"}
     base_name = algo if base_method == "outcome" else f"{base_method}+{algo}"
-    return [f"## Pre-registered comparison: {method}+{algo} vs {base_name} on {env} (results/README.md)", "",
+    return [f"## Pre-registered comparison: {method}+{algo} vs {base_name} on {env} (results/PREREGISTRATIONS.md)", "",
             "Final held-out success (%), paired by seed; mean differences with their 95 % Student-t intervals.", "",
             *table(["seed", base_name, f"{method}+{algo}", *[names[k] for k in diffs]], lines)]
 
@@ -615,7 +617,8 @@ def shape_table(rows):
             lines.append([env, method, str(r["seed"]), f"{100 * best['eval/success']:.1f} ({best['update']})",
                           f"{100 * final:.1f}", f"{first:.3f}", f"{last:.3f}", "yes" if shape else "no"])
         lines.append([env, method, f"{sum(s[-1] for s in shapes)} of {len(shapes)} seed" + "s" * (len(shapes) > 1), "", "", "", "", ""])
-    intro = ["The paper's shape per run (the rule of results/README.md's pre-registration 6): the final held-out success",
+    intro = ["The paper's shape per run (the rule of results/PREREGISTRATIONS.md's pre-registration 6): the final held-out "
+             "success",
              "at least 10 points below the run's best evaluation while the mean dense return per episode of the last 10",
              "updates is above that of the first 10.", ""]
     return intro + table(head, lines) if lines else []
