@@ -2016,7 +2016,7 @@ RESULTS_PAGE = re.compile(r"Page \d+ \(Total results: \d+\)")
 class PositionNamedResults:
     """A WebShop env (either backend) whose results pages name their products item1, item2, ... in the order
     listed, instead of by ASIN: to a word-level tokenizer each ASIN is a word met in a handful of demonstrations
-    at most, so a tiny policy cannot learn to click the product it means (results/diagnosis/README.md, "WebShop's
+    at most, so a tiny policy cannot learn to click the product it means (results/diagnosis/README.md at 25efb16, "WebShop's
     product click"). A click on itemK reaches the env as that product's ASIN; the env's own text, rules and
     rewards are unchanged underneath, and every other method and attribute is the env's."""
 

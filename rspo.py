@@ -15,16 +15,16 @@ J = (1 - alpha) J_on + alpha J_off, alpha = m / (n + m). Off-policy tokens are c
 c = pi_old / pi_B instead of 1. The base algorithm (GRPO, PPO or GiGPO) is otherwise unchanged.
 
 Paper -> code (Algorithm 1; train reads top to bottom in this order):
-    B <- copy(A); k updates of B on dense rewards      explore (relabel_dense: --dense-reward env|progress|learned)
-    B's fresh batch, relabelled with the outcome       reward_swap
-    the replay buffer, priority order, cursor          ReplayBuffer (buffer_order, --buffer-sampling)
-    m_u buffer groups + n_u own groups per update      replay_groups, train
-    shifted clip around c = pi_old / pi_B              shifted_clip_loss (Step.behav_logp: the sampler's log-probs)
-    base algorithm                                     grpo_advantages, gigpo_advantages, gae_advantages, update
+    B <- copy(A); k updates of B on dense rewards   explore (relabel_dense, --dense-reward)
+    B's fresh batch, relabelled with the outcome    reward_swap
+    the replay buffer, priority order, cursor       ReplayBuffer (buffer_order, --buffer-sampling)
+    m_u buffer groups + n_u own groups per update   replay_groups, train
+    shifted clip around c = pi_old / pi_B           shifted_clip_loss (Step.behav_logp: the sampler's)
+    base algorithm                                  grpo_advantages, gigpo_advantages, gae_advantages, update
 
-Layout: the method first (the RSPO core, a block to copy whole: the reward swap, the buffer, the shifted clip;
-then the base algorithms' math, rollout, update, the RSPO cycle and what it logs), then the machinery (the policy
-wrapper, warm start, learned dense reward, flags, checkpoints, main).
+Layout: the method first (the RSPO core, a block to copy whole: the reward swap, the buffer, the shifted
+clip; then the base algorithms' math, rollout, update and the RSPO cycle), then the machinery (what each
+update logs, the policy wrapper, warm start, learned dense reward, flags, checkpoints, main).
 The README has the RSPO-specific checklist, docs/checklist.md the rest.
 """
 import argparse
@@ -38,10 +38,8 @@ import random
 import re
 import shutil
 import string
-import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -227,7 +225,8 @@ def discounted_returns(rewards, traj_ids, gamma):
     return out
 
 
-def gigpo_advantages(step_rewards, traj_ids, group_ids, anchors, gamma=0.95, omega=1.0, norm_std=True, eps=1e-6):
+def gigpo_advantages(step_rewards, traj_ids, group_ids, anchors, gamma=0.95, omega=1.0, norm_std=True,
+                     eps=1e-6):
     """GiGPO (Feng et al. 2025, arXiv 2505.10978, eqs. 5-8): A = A^E + omega * A^S per step row.
 
     Episode level A^E: GRPO advantage of S = sum_t r_t over the trajectories of a group, broadcast to
@@ -279,21 +278,6 @@ def value_loss(values, old_values, returns, clip):
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
-def imitation_loss(logp, mask):
-    """Behaviour cloning (SFT): the token-mean negative log-likelihood of the demonstrator's responses,
-    -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum_{i,t} m_it."""
-    return -(logp * mask).sum() / mask.sum()
-
-
-def prm_loss(step_scores, traj_ids, outcomes):
-    """SPA-RL's progress-estimator objective (PAPER, "Where the dense rewards come from"):
-    mean over trajectories of (sum_t r_hat_t - R)^2. traj_ids[i] in [0, len(outcomes)) names the
-    trajectory of step i; R is the outcome on the estimator's scale, won in {0, 1} (see fit_estimator)."""
-    sums = torch.zeros(len(outcomes), dtype=step_scores.dtype, device=step_scores.device)
-    sums = sums.index_add(0, traj_ids.to(step_scores.device), step_scores)
-    return ((sums - outcomes.to(sums)) ** 2).mean()
-
-
 def dense_rewards(dense, invalid, scale=10.0, penalty=0.1):
     """Dense (process) reward vector: the per-step process reward on the outcome's scale, minus the
     format penalty. "Training on dense" and "the reward swap" are just a choice of vector."""
@@ -301,8 +285,8 @@ def dense_rewards(dense, invalid, scale=10.0, penalty=0.1):
 
 
 def attach_rewards(trajs, kind, cfg, dense=None):
-    """Give every trajectory its training reward vector: 'outcome' or 'dense' (relabelled first by the DenseSource
-    `dense` when given: relabel_dense)."""
+    """Give every trajectory its training reward vector: 'outcome' or 'dense' (relabelled first by the
+    DenseSource `dense` when given: relabel_dense)."""
     if kind == "dense" and dense is not None:
         relabel_dense(trajs, dense, cfg.dense_noise, cfg)
     for t in trajs:
@@ -323,7 +307,7 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
     Returns one Trajectory per episode; group g holds the copies of seeds[g].
     act(prompts, admissibles, environments) -> [(response_ids, action, invalid, logp)] is the action source:
     the policy's sampler by default (logp: its log-probs of the response, the behaviour policy's), or another
-    agent (expert_actor, logp None) whose steps look like the policy's."""
+    agent (demonstrator, logp None) whose steps look like the policy's."""
     temperature = cfg.temperature if temperature is None else temperature
     gs = group_size or (cfg.group_size if split == "train" else 1)
     act = act or (lambda prompts, adm, _: policy.act(prompts, adm, temperature))
@@ -344,8 +328,9 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
             hist = st["history"][-cfg.history:] if cfg.history else []
             # verl-agent leaves ALFWorld's "help" out of the actions offered to the agent.
             admissible.append([a for a in st["info"]["admissible_actions"] if a != "help"])
-            prompts.append(policy.encode_prompt(build_prompt(st["info"]["task"], hist, st["obs"], admissible[-1],
-                                                             len(st["history"]), policy.compact, cfg.env)))
+            text = build_prompt(st["info"]["task"], hist, st["obs"], admissible[-1], len(st["history"]),
+                                policy.compact, cfg.env)
+            prompts.append(policy.encode_prompt(text))
         actions = act(prompts, admissible, [environments[i] for i in active])
         for i, prompt, adm, (resp, action, invalid, logp) in zip(active, prompts, admissible, actions):
             st = live[i]
@@ -359,7 +344,7 @@ def rollout(policy, cfg, seeds, split="train", temperature=None, act=None, group
                        float(st["info"]["score"])) for st, (g, s) in zip(live, games)]
 
 
-EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples the panel alike
+EVAL_SEED_OFFSET = 10_000   # evaluate's RNG stream is cfg.seed + this: every evaluation samples alike
 
 
 def eval_panel(cfg, split):
@@ -369,9 +354,9 @@ def eval_panel(cfg, split):
 
 
 def evaluate(policy, cfg):
-    """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys eval/...
-    for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses its own RNG
-    stream so evaluating never changes training."""
+    """Success (overall and per task type) and score on each fixed held-out panel of --eval-split (keys
+    eval/... for the first split, eval_<split>/... for another), sampled at the evaluation temperature. Uses
+    its own RNG stream so evaluating never changes training."""
     out = {}
     for i, split in enumerate(cfg.eval_split.split(",")):
         prefix = "eval" if i == 0 else f"eval_{split}"
@@ -388,10 +373,10 @@ FINAL_SEED_OFFSET = 20_000   # final_evaluation's RNG stream: cfg.seed + this
 
 
 def final_evaluation(policy, cfg):
-    """--final-eval-repeats N, after the last update: every task of each --eval-split panel played N times at the
-    evaluation temperature, on its own RNG stream. Its success pools all panels' episodes (final/success; each
-    panel's under final_<split>/success): N times the episodes of one evaluation, so a sampling error about
-    1/sqrt(N) of evaluate's, for the fair test's measure (results/PREREGISTRATIONS.md)."""
+    """--final-eval-repeats N, after the last update: every task of each --eval-split panel played N times at
+    the evaluation temperature, on its own RNG stream. Its success pools all panels' episodes (final/success;
+    each panel's under final_<split>/success): N times the episodes of one evaluation, so a sampling error
+    about 1/sqrt(N) of evaluate's, for the fair test's measure (results/PREREGISTRATIONS.md)."""
     out, won = {}, []
     with own_rng(cfg.seed + FINAL_SEED_OFFSET, policy.device):
         for split in cfg.eval_split.split(","):
@@ -475,7 +460,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
     RSPO_H's earlier A), scored here for pi_old. Which log-probs reach the loss: where it is called."""
     own, other = [s for t in trajs for s in t.steps], [s for t in replayed for s in t.steps]
     steps = own + other
-    # A scoring pass only for what the sampler did not record: pi_old of replayed steps (PPO: V(s) of every state)
+    # A scoring pass only for what the sampler did not record: pi_old of replayed steps (PPO: V(s) of every
+    # state).
     if cfg.algo == "ppo":
         scored_logp, old_values = score_steps(policy, steps, cfg)
         scored_logp = scored_logp[len(own):]
@@ -536,7 +522,8 @@ def explore(policy, cfg, rng, generator, ref, dense, seen):
     stats, B's env steps); adds the observations B met to the set `seen` (its distinct states).
     B and its Adam state exist only inside this call (train then returns their memory to the device)."""
     explorer = Policy(copy.deepcopy(policy.agent).to(policy.device), policy.tok, cfg, policy.device)
-    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)  # fresh each cycle (inferred)
+    # fresh each cycle (inferred)
+    optimizer = torch.optim.Adam(explorer.agent.parameters(), lr=cfg.explorer_lr)
     env_steps, stats = 0, {}
     for _ in range(cfg.k):
         trajs = rollout(explorer, cfg, rng.integers(0, cfg.train_tasks, cfg.num_groups))
@@ -568,10 +555,10 @@ class TrainState:
 
 
 def start_run(cfg, policy, dense, optimizer, log, checkpoint):
-    """Before A's first update: the warm start, the KL reference (the starting policy, frozen), the estimator's
-    fit and the evaluation of line 0 -- or a checkpoint's state. A resumed run redoes the (deterministic) warm
-    start only when the reference needs it; the reference is copied before a checkpoint's weights are loaded.
-    Returns (TrainState, reference policy or None, the last record logged)."""
+    """Before A's first update: the warm start, the KL reference (the starting policy, frozen), the
+    estimator's fit and the evaluation of line 0 -- or a checkpoint's state. A resumed run redoes the
+    (deterministic) warm start only when the reference needs it; the reference is copied before a checkpoint's
+    weights are loaded. Returns (TrainState, reference policy or None, the last record logged)."""
     warm = warm_start(policy, cfg) if cfg.warm_start and (checkpoint is None or cfg.beta > 0) else None
     ref = None
     if cfg.beta > 0:
@@ -587,14 +574,16 @@ def start_run(cfg, policy, dense, optimizer, log, checkpoint):
     prm_stats, prm_steps, prm_seconds = fit_dense_source(dense, policy, cfg)
     if dense.estimator is not None:
         state.totals.update({"env_steps/prm": prm_steps, "time/prm_seconds": prm_seconds})
-    record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats, **state.totals}
+    record = {"update": 0, **evaluate(policy, cfg), **(warm[0] if warm is not None else {}), **prm_stats,
+              **state.totals}
     log(record)
     return state, ref, record
 
 
 def refill_buffer(cfg, policy, optimizer, state, ref, dense):
-    """The start of a cycle: the explorer phase (explore: B trained on dense rewards, its fresh batch swapped to
-    outcome rewards) -- or, for RSPO_H, A's own rollouts of the previous cycle -- ordered into the buffer."""
+    """The start of a cycle: the explorer phase (explore: B trained on dense rewards, its fresh batch swapped
+    to outcome rewards) -- or, for RSPO_H, A's own rollouts of the previous cycle -- ordered into the buffer.
+    """
     if cfg.buffer_source == "explorer":
         with offloaded(policy, optimizer, cfg.explorer_offload):
             trajs, state.last_explorer, b_steps = explore(policy, cfg, state.rng, state.generator, ref, dense,
@@ -609,9 +598,10 @@ def refill_buffer(cfg, policy, optimizer, state, ref, dense):
 
 
 def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
-    """PAPER Algorithm 1, A's loop: with --method rspo every k updates start a cycle (refill_buffer: explore ->
-    reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the buffer's next
-    m_u groups (replay_groups). --method outcome / dense: the base algorithm alone. Checkpoints every --save-every."""
+    """PAPER Algorithm 1, A's loop: with --method rspo every k updates start a cycle (refill_buffer: explore
+    -> reward_swap -> buffer), then each update of A trains on its n_u = N - m_u fresh groups plus the
+    buffer's next m_u groups (replay_groups). --method outcome / dense: the base algorithm alone. Checkpoints
+    every --save-every."""
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
     state, ref, record = start_run(cfg, policy, dense, optimizer, log, checkpoint)
     done = state.totals["updates/A"]
@@ -629,11 +619,14 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
         attach_rewards(trajs, "dense" if cfg.method == "dense" else "outcome", cfg, dense)
         replay = state.buffer.take(m, first_id=cfg.num_groups - m)
         stats = batch_stats(cfg, state, trajs, replay)
-        stats.update(update(policy, optimizer, trajs, cfg, state.generator, ref, [t for g in replay for t in g]))
+        replayed = [t for g in replay for t in g]
+        stats.update(update(policy, optimizer, trajs, cfg, state.generator, ref, replayed))
         if cfg.method == "rspo" and cfg.buffer_source == "self":
-            state.previous_own += [replace(t, group=(u - 1) % cfg.k * cfg.num_groups + t.group) for t in trajs]
-        state.totals.update({"env_steps/A": state.totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
-                             "updates/A": u, "time/A_seconds": state.totals["time/A_seconds"] + time.time() - t1})
+            slot = (u - 1) % cfg.k * cfg.num_groups   # this update's groups follow the cycle's earlier ones
+            state.previous_own += [replace(t, group=slot + t.group) for t in trajs]
+        totals = state.totals
+        totals.update({"env_steps/A": totals["env_steps/A"] + sum(len(t.steps) for t in trajs),
+                       "updates/A": u, "time/A_seconds": totals["time/A_seconds"] + time.time() - t1})
         record = {"update": u, **stats, **state.totals}
         if u == cfg.updates or (cfg.eval_every and u % cfg.eval_every == 0):
             record.update(evaluate(policy, cfg))
@@ -646,6 +639,9 @@ def train(cfg, policy, dense, log, checkpoint=None, out_dir=None):
     return record
 
 
+# ==============================================================================================
+# The machinery: nothing below is the method. What each update logs, the policy wrapper, the warm start, the
+# learned dense reward, flags, checkpoints, main.
 # ----------------------------------------------------------------------------------------------
 # What each update logs besides the losses
 
@@ -657,25 +653,19 @@ def rollout_stats(trajs, prefix):
             f"{prefix}/score": float(np.mean([t.score for t in trajs])),
             f"{prefix}/dense_return": float(np.mean([sum(s.dense for s in t.steps) for t in trajs])),
             f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs])),
-            **{f"{prefix}/success/{k}": float(np.mean([t.won for t in trajs if t.task_type == k])) for k in types}}
+            **{f"{prefix}/success/{k}": float(np.mean([t.won for t in trajs if t.task_type == k]))
+               for k in types}}
 
 
 def replay_diagnostics(behav_logp, old_logp):
     """How far replayed tokens' behaviour policy (the explorer B) is from A = pi_old, on tokens sampled from
     pi_behav: KL(pi_behav || pi_old) per token (kl_k3, unbiased for samples from pi_behav), and the spread of
-    shifted_clip_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A)."""
+    shifted_clip_loss's clip centre c = pi_old / pi_behav (10th and 90th percentiles; c = 1 when B equals A).
+    """
     centre = torch.exp(old_logp - behav_logp).float()
     p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
     return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
             "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
-
-
-def novel_win_share(replayed_wins, own_wins):
-    """Share of the replayed successes on task types A's own rollouts have not won yet: where the explorer leads
-    A. replayed_wins: {type: successful episodes in this update's replayed groups}; own_wins: A's running totals
-    "train/wins/<type>", this update's rollouts included. None when nothing replayed was won."""
-    won = sum(replayed_wins.values())
-    return sum(n for kind, n in replayed_wins.items() if not own_wins.get(f"train/wins/{kind}")) / won if won else None
 
 
 def count_wins(counts, trajs, prefix):
@@ -697,10 +687,7 @@ def batch_stats(cfg, state, trajs, replay):
                       # a group won by all or none of its episodes has zero group-relative advantage (GRPO)
                       "buffer/groups_mixed": float(np.mean([len({t.won for t in g}) == 2 for g in replay]))})
     state.seen_states.update(s.obs for t in trajs for s in t.steps)
-    count_wins(state.wins, trajs, "train")   # first: a type A wins in this very update is not one B leads it to
-    novel = novel_win_share(Counter(t.task_type for t in replayed if t.won), state.wins)
-    if novel is not None:
-        stats["buffer/novel_type_wins"] = novel
+    count_wins(state.wins, trajs, "train")
     count_wins(state.wins, replayed, "buffer")
     return {**stats, "train/distinct_states": len(state.seen_states), **dict(sorted(state.wins.items()))}
 
@@ -733,8 +720,10 @@ def build_prompt(task, history, obs, admissible, step, compact, env):
     Compact (tiny model): task, the last actions and the observation; the admissible actions are
     enforced by constrained decoding instead of being listed."""
     if compact:
-        return COMPACT_TEMPLATE.format(task=task, history=" ; ".join(a for _, a in history) or "none", obs=obs)
-    hist = " ".join(f"[Observation {step - len(history) + i + 1}: '{o}', Action {step - len(history) + i + 1}: '{a}']"
+        actions = " ; ".join(a for _, a in history) or "none"
+        return COMPACT_TEMPLATE.format(task=task, history=actions, obs=obs)
+    first = step - len(history) + 1   # the number of the oldest step shown
+    hist = " ".join(f"[Observation {first + i}: '{o}', Action {first + i}: '{a}']"
                     for i, (o, a) in enumerate(history))
     adm = ", ".join(f"'{a}'" for a in admissible)
     return FULL_TEMPLATE[env] + FULL_BODY.format(task=task, step=step, n=len(history), history=hist or "none",
@@ -767,13 +756,15 @@ def build_tiny_tokenizer(words):
 def tiny_vocabulary(env_name, backend, env_options):
     """The environment's words plus the prompt templates' words (for backend="real", the offline
     words: envs.vocabulary drops the real-only options; the rest of the real text maps to [UNK])."""
-    templates = COMPACT_TEMPLATE + FULL_BODY + "".join(FULL_TEMPLATE.values()) + " think action Observation Action"
+    templates = (COMPACT_TEMPLATE + FULL_BODY + "".join(FULL_TEMPLATE.values())
+                 + " think action Observation Action")
     return envs.vocabulary(env_name, backend=backend, **env_options) + re.findall(r"\w+", templates)
 
 
 def build_tiny_model(vocab_size, tok, seed):
-    """A small Llama (hidden 128, 2 layers, 4 heads, FFN 512; 0.56M parameters with ALFWorld's words) from a config,
-    no network. Hidden 128, not 64: it learns to act on the task's words far faster (results/diagnosis/README.md)."""
+    """A small Llama (hidden 128, 2 layers, 4 heads, FFN 512; 0.56M parameters with ALFWorld's words) from a
+    config, no network. Hidden 128, not 64: it learns to act on the task's words far faster
+    (results/diagnosis/README.md at 25efb16)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
@@ -784,8 +775,8 @@ def build_tiny_model(vocab_size, tok, seed):
 
 
 def saved_settings(model):
-    """How a model saved by this script was trained (model/rspo.json: prompt, action mode, lr, the copy term's w),
-    or {}: a saved tiny model passed back as --model DIR is run the way it learned."""
+    """How a model saved by this script was trained (model/rspo.json: prompt, action mode, lr, the copy term's
+    w), or {}: a saved tiny model passed back as --model DIR is run the way it learned."""
     path = os.path.join(os.path.expanduser(model), "rspo.json")
     if not os.path.isfile(path):
         return {}
@@ -794,36 +785,27 @@ def saved_settings(model):
 
 
 def load_pretrained(name, dtype, flag="--model"):
-    """Any causal LM id or local path; a .gguf file loads through transformers' gguf support. A directory this
-    script saved a tiny model into reloads its word-level tokenizer as it was saved. flag: named in errors."""
-    kwargs = {"dtype": dtype}
-    path = name
+    """Any causal LM id or local directory (a GGUF file: convert it first, scripts/gguf_to_hf.py). A directory
+    this script saved a tiny model into reloads its word-level tokenizer as it was saved. flag: named in
+    errors."""
     if name.endswith(".gguf"):
-        if not os.path.isfile(name):
-            raise ConfigError(f"{flag} {name}: no such file")
-        try:
-            import accelerate  # noqa: F401
-            import gguf  # noqa: F401
-        except ImportError:
-            raise ConfigError(f"{flag} {name}: loading a .gguf file needs `pip install gguf accelerate`") from None
-        path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name)), os.path.basename(name)
-    elif name.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(name)):
+        raise ConfigError(f"{flag} {name}: a GGUF file; convert it first: "
+                          f"python scripts/gguf_to_hf.py {name} DIR")
+    if name.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(name)):
         raise ConfigError(f"{flag} {name}: no such directory")
     # after HF_HUB_OFFLINE is set (read at import)
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     tokenizer = PreTrainedTokenizerFast if saved_settings(name).get("prompt") == "compact" else AutoTokenizer
     try:
-        tok = tokenizer.from_pretrained(path, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tok = tokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, ImportError) as e:
         if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off"):
-            raise ConfigError(f"{flag} {name}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                              f"download it first (`hf download {name}`) or pass a local directory") from None
+            raise ConfigError(f"{flag} {name}: not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                              f"set; download it first (`hf download {name}`) or pass a local directory"
+                              ) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{flag} {name}: cannot load: {first}") from None
-    if "gguf_file" in kwargs:   # dequantized to `dtype` on load: a plain model from here on, so save_pretrained works
-        model.hf_quantizer, model.is_quantized = None, False
-        del model.config.quantization_config
     distinct_pad(model, tok)
     tok.padding_side = "left"
     return model, tok
@@ -839,8 +821,8 @@ def distinct_pad(model, tok):
 
 
 def stop_token_ids(tok, generation_config):
-    """Ids that end a response: the tokenizer's EOS plus the checkpoint's generation_config EOS ids
-    (a chat model's end of turn: e.g. Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>). Every one stops."""
+    """Ids that end a response: the tokenizer's EOS plus the checkpoint's generation_config EOS ids (a chat
+    model's end of turn: e.g. Qwen2.5-Instruct lists <|im_end|> and <|endoftext|>). Every one stops."""
     extra = generation_config.eos_token_id
     extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
     return sorted({tok.eos_token_id, *extra} - {None})
@@ -849,8 +831,8 @@ def stop_token_ids(tok, generation_config):
 @contextlib.contextmanager
 def without_checkpoint_sampling(lm):
     """generate fills every GenerationConfig field left None from the checkpoint's generation_config (e.g.
-    Qwen2.5-Instruct's top_k 20, top_p 0.8, repetition_penalty 1.05, or a min_p): set it aside during the call,
-    so only the fields Policy.generate sets apply."""
+    Qwen2.5-Instruct's top_k 20, top_p 0.8, repetition_penalty 1.05, or a min_p): set it aside during the
+    call, so only the fields Policy.generate sets apply."""
     from transformers import GenerationConfig
     saved, lm.generation_config = lm.generation_config, GenerationConfig()
     try:
@@ -869,7 +851,8 @@ def cut_response(row, stop_ids):
 
 
 def copy_features(prompts, vocab):
-    """[B, vocab]: log(1 + n_v), n_v the number of times token v occurs in each prompt (the input of --copy-term)."""
+    """[B, vocab]: log(1 + n_v), n_v the number of times token v occurs in each prompt (the input of
+    --copy-term)."""
     counts = torch.zeros(len(prompts), vocab)
     for row, ids in zip(counts, prompts):
         row.index_add_(0, torch.tensor(ids, dtype=torch.long), torch.ones(len(ids)))
@@ -888,10 +871,10 @@ class CopyTerm:
 
 
 class SampledLogProbs:
-    """generate's last logits processor: records log pi(token) of every sampled token under the distribution the
-    sampler draws from (the processed scores / T: after the constraint and the copy term, as Policy.head), so the
-    update needs no scoring pass for the policy's own steps. At each call it reads the token chosen at the previous
-    call (the last input id) from that call's log-softmax; result() adds the last one."""
+    """generate's last logits processor: records log pi(token) of every sampled token under the distribution
+    the sampler draws from (the processed scores / T: after the constraint and the copy term, as Policy.head),
+    so the update needs no scoring pass for the policy's own steps. At each call it reads the token chosen at
+    the previous call (the last input id) from that call's log-softmax; result() adds the last one."""
 
     def __init__(self, temperature):
         self.temperature, self.last, self.logps = temperature, None, []
@@ -903,13 +886,14 @@ class SampledLogProbs:
         return scores
 
     def result(self, new_tokens):
-        """[B, new tokens]: the log-probs of the generated tokens (rows that stopped early hold their padding's)."""
+        """[B, new tokens]: the log-probs of the generated tokens (rows that stopped early hold their
+        padding's)."""
         return torch.cat(self.logps + [self.last.gather(1, new_tokens[:, -1:])], 1)
 
 
 class Agent(nn.Module):
-    """A causal LM plus a scalar value head on the last prompt token (used by PPO only), and with --copy-term a
-    learned weight w of the copy term."""
+    """A causal LM plus a scalar value head on the last prompt token (used by PPO only), and with --copy-term
+    a learned weight w of the copy term."""
 
     def __init__(self, lm, copy_term=False):
         super().__init__()
@@ -926,8 +910,8 @@ class Agent(nn.Module):
 
     def logits(self, hidden, copy=None):
         """The output layer on chosen positions' hidden states [B, R, H] (check_logits_path: the model's own
-        logits), plus with --copy-term the pointer-style copy term w * copy_features [B, vocab] (See et al., 2017):
-        a token the prompt holds (a product's name, an option's value) is easier to say."""
+        logits), plus with --copy-term the pointer-style copy term w * copy_features [B, vocab] (See et al.,
+        2017): a token the prompt holds (a product's name, an option's value) is easier to say."""
         logits = self.lm.get_output_embeddings()(hidden)
         return logits if copy is None else logits + self.copy_weight * copy.unsqueeze(1)
 
@@ -935,20 +919,22 @@ class Agent(nn.Module):
         """copy_features of these prompts, or None without --copy-term."""
         if self.copy_weight is None:
             return None
-        return copy_features(prompts, self.lm.get_output_embeddings().out_features).to(self.copy_weight.device)
+        vocab = self.lm.get_output_embeddings().out_features
+        return copy_features(prompts, vocab).to(self.copy_weight.device)
 
 
 def check_logits_path(agent, name):
     """The update computes logits as the output layer on the final hidden state, at response positions only
     (full-vocabulary logits at every prompt token would not fit in memory). Refuse a model whose forward does
-    more than that (e.g. Gemma-2's logit soft-capping), whose sampled and learned distributions would differ."""
+    more than that (e.g. Gemma-2's logit soft-capping), whose sampled and learned distributions would differ.
+    """
     ids = torch.arange(min(8, agent.lm.config.vocab_size), device=agent.lm.device).unsqueeze(0)
     with torch.no_grad():
         own = agent.lm(input_ids=ids, use_cache=False).logits.float()
         ours = agent.logits(agent.hidden(ids, torch.ones_like(ids))).float()
     if not torch.allclose(own, ours, rtol=1e-4, atol=1e-4):
-        raise ConfigError(f"--model {name}: its logits are not its output layer applied to the last hidden state "
-                          "(e.g. Gemma-2's soft-capping), which is how rspo.py scores responses")
+        raise ConfigError(f"--model {name}: its logits are not its output layer applied to the last hidden "
+                          "state (e.g. Gemma-2's soft-capping), which is how rspo.py scores responses")
 
 
 HEAD_CHUNK_ELEMENTS = 2 ** 25   # full-vocabulary values per chunk of Policy.head: 128 MiB per float32 copy
@@ -967,7 +953,8 @@ class Policy:
         # read, and the tries read them once per admissible action, at every step.
         self.eos_id, self.pad_id = tok.eos_token_id, tok.pad_token_id
         if self.pad_id in self.stop_ids:
-            raise ValueError("the pad token is an end-of-turn id: give the tokenizer a distinct one (distinct_pad)")
+            raise ValueError("the pad token is an end-of-turn id: give the tokenizer a distinct one "
+                             "(distinct_pad)")
         self._action_ids = {}
 
     def autocast(self):
@@ -1008,14 +995,14 @@ class Policy:
 
     @torch.no_grad()
     def act(self, prompts, admissibles, temperature):
-        """Sample one response per prompt. Returns [(response_ids, action, invalid, logp)] in prompt order; logp:
-        the sampler's log-probs of response_ids (None when greedy).
-        generate runs on length-sorted chunks of --generation-batch-size prompts, which bounds the KV
-        cache and the padding."""
+        """Sample one response per prompt. Returns [(response_ids, action, invalid, logp)] in prompt order;
+        logp: the sampler's log-probs of response_ids (None when greedy). generate runs on length-sorted
+        chunks of --generation-batch-size prompts, which bounds the KV cache and the padding."""
         results = [None] * len(prompts)
         for idx in length_sorted_chunks(range(len(prompts)), [len(p) for p in prompts],
                                         self.cfg.generation_batch_size):
-            for i, r in zip(idx, self.generate([prompts[i] for i in idx], [admissibles[i] for i in idx], temperature)):
+            chunk = self.generate([prompts[i] for i in idx], [admissibles[i] for i in idx], temperature)
+            for i, r in zip(idx, chunk):
                 results[i] = r
         return results
 
@@ -1043,8 +1030,9 @@ class Policy:
         # defaults are set aside (without_checkpoint_sampling). Every end-of-turn id stops; padding uses the
         # distinct pad.
         neutral = dict(top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
-        gen = GenerationConfig(do_sample=not greedy, **({} if greedy else {"temperature": temperature, **neutral}),
-                               repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
+        sampling = {} if greedy else {"temperature": temperature, **neutral}
+        gen = GenerationConfig(do_sample=not greedy, **sampling, repetition_penalty=1.0,
+                               no_repeat_ngram_size=0, num_beams=1, max_new_tokens=max_new,
                                pad_token_id=self.pad_id, eos_token_id=self.stop_ids)
         bias = self.agent.copy_bias(prompts)
         copy_term = None if bias is None else CopyTerm(self.agent.copy_weight.detach() * bias)
@@ -1076,18 +1064,20 @@ class Policy:
         R = max(len(s.response_ids) for s in steps)
         ids = torch.tensor([seq + [self.pad_id] * (L - len(seq)) for seq in seqs])
         attn = torch.tensor([[1] * len(seq) + [0] * (L - len(seq)) for seq in seqs])
-        # pos[i, j]: the position predicting response token j; padding points anywhere valid (the mask drops it)
+        # pos[i, j]: the position predicting response token j; padding points anywhere valid (the mask drops
+        # it)
         pos = torch.tensor([[len(s.prompt_ids) - 1 + (j if j < len(s.response_ids) else 0) for j in range(R)]
                             for s in steps])
         tgt = torch.tensor([s.response_ids + [0] * (R - len(s.response_ids)) for s in steps])
         mask = torch.tensor([[1.0] * len(s.response_ids) + [0.0] * (R - len(s.response_ids)) for s in steps])
         allowed = self.allowed_mask(steps, R) if self.constrained else None
         d = self.device
-        return ids.to(d), attn.to(d), pos.to(d), tgt.to(d), mask.to(d), None if allowed is None else allowed.to(d)
+        allowed = None if allowed is None else allowed.to(d)
+        return ids.to(d), attn.to(d), pos.to(d), tgt.to(d), mask.to(d), allowed
 
     def allowed_mask(self, steps, R):
-        """[B, R, vocab] bool: the tokens the constraint allowed at each response position (anything at padding,
-        so no row is all -inf, which would give NaN), set with one indexed write."""
+        """[B, R, vocab] bool: the tokens the constraint allowed at each response position (anything at
+        padding, so no row is all -inf, which would give NaN), set with one indexed write."""
         vocab = self.agent.lm.get_output_embeddings().out_features   # may exceed len(tok) (padded vocab)
         allowed = (torch.arange(R) >= torch.tensor([len(s.response_ids) for s in steps]).unsqueeze(1))
         allowed = allowed.unsqueeze(-1).repeat(1, 1, vocab)
@@ -1111,8 +1101,9 @@ class Policy:
         del h
         logp, entropy = [], []
         chunks = self.head_chunks(*tgt.shape)
-        # With gradients and several chunks, keep only each chunk's hidden states for backward and recompute its
-        # full-vocabulary tensors there, one chunk at a time, instead of holding every chunk's until backward.
+        # With gradients and several chunks, keep only each chunk's hidden states for backward and recompute
+        # its full-vocabulary tensors there, one chunk at a time, instead of holding every chunk's until
+        # backward.
         # One chunk (a tiny model, short responses) gains nothing from the recomputation.
         recompute = torch.is_grad_enabled() and len(chunks) > 1
         for rows in chunks:
@@ -1128,15 +1119,16 @@ class Policy:
         return logp, mask, entropy, values
 
     def head_chunks(self, batch, length):
-        """Row slices of the batch whose [rows, length, vocab] float32 tensors hold at most HEAD_CHUNK_ELEMENTS
-        (a real model's 49k-152k vocabulary makes these the largest tensors of an update; a tiny run has one)."""
+        """Row slices of the batch whose [rows, length, vocab] float32 tensors hold at most
+        HEAD_CHUNK_ELEMENTS (a real model's 49k-152k vocabulary makes these the largest tensors of an update;
+        a tiny run has one)."""
         vocab = self.agent.lm.get_output_embeddings().out_features
         size = max(1, HEAD_CHUNK_ELEMENTS // (length * vocab))
         return [slice(i, i + size) for i in range(0, batch, size)]
 
     def head(self, h_resp, tgt, allowed, copy, temperature, with_entropy):
-        """Log-probs of the response tokens (and entropies) from their hidden states: the output layer (and copy
-        term), the temperature, the decoding constraint and a softmax over the vocabulary."""
+        """Log-probs of the response tokens (and entropies) from their hidden states: the output layer (and
+        copy term), the temperature, the decoding constraint and a softmax over the vocabulary."""
         with self.autocast():
             logits = self.agent.logits(h_resp, copy)
         logits = logits.float() / temperature
@@ -1155,19 +1147,21 @@ class Policy:
 # Warm start: imitation of a demonstrator that sees what the agent sees, before RL (SPA-RL's SFT stage)
 
 
-def expert_actor(policy, noise, rng, searching=False):
-    """The environments' scripted expert as an action source for rollout: env.expert_action() (or, with
-    `searching`, env.searching_action(): the expert without its privilege, acting only on what the agent has
-    seen), or with probability `noise` a uniformly random admissible action (so some episodes fail). Its
-    response ids are what the policy would have produced for that action: the action's tokens + EOS
-    (constrained mode) or the <think>/<action> format (generate mode)."""
+def imitation_loss(logp, mask):
+    """Behaviour cloning (SFT): the token-mean negative log-likelihood of the demonstrator's responses,
+    -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum_{i,t} m_it."""
+    return -(logp * mask).sum() / mask.sum()
+
+
+def demonstrator(policy):
+    """The searching demonstrator as an action source for rollout: env.searching_action(), the scripted expert
+    without its privilege, acting only on what the agent has seen. Its response ids are what the policy would
+    have produced for that action: the action's tokens + EOS (constrained mode) or the <think>/<action> format
+    (generate mode)."""
     def act(prompts, admissibles, environments):
         out = []
-        for adm, env in zip(admissibles, environments):
-            if adm and rng is not None and rng.random() < noise:
-                action = adm[int(rng.integers(len(adm)))]
-            else:
-                action = env.searching_action() if searching else env.expert_action()
+        for env in environments:
+            action = env.searching_action()
             text = action if policy.constrained else f"<think></think><action>{action}</action>"
             out.append((policy.action_ids(text) + [policy.tok.eos_token_id], action, False, None))
         return out
@@ -1179,8 +1173,7 @@ def warm_start(policy, cfg):
     policy's own, then --warm-start-epochs passes of Adam on imitation_loss in minibatches of --minibatch-size
     steps. Its own RNG streams, so every method's RL starts from the same policy. Returns stats and cost."""
     start = time.time()
-    trajs = rollout(policy, cfg, range(cfg.warm_start), act=expert_actor(policy, 0.0, None, searching=True),
-                    group_size=1)
+    trajs = rollout(policy, cfg, range(cfg.warm_start), act=demonstrator(policy), group_size=1)
     steps = [s for t in trajs for s in t.steps]
     optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.warm_start_lr)
     generator, lengths, nll = torch.Generator().manual_seed(cfg.seed + 40_000), sequence_lengths(steps), []
@@ -1195,12 +1188,23 @@ def warm_start(policy, cfg):
         optimizer_step(policy, optimizer, cfg)
         nll.append(loss)
     per_epoch = -(-len(steps) // cfg.minibatch_size)
-    return {"warmstart/episodes": len(trajs), "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
-            "warmstart/nll": float(np.mean(nll[-per_epoch:]))}, len(steps), time.time() - start
+    stats = {"warmstart/episodes": len(trajs),
+             "warmstart/demo_success": float(np.mean([t.won for t in trajs])),
+             "warmstart/nll": float(np.mean(nll[-per_epoch:]))}
+    return stats, len(steps), time.time() - start
 
 
 # ----------------------------------------------------------------------------------------------
 # Learned dense reward (progress estimator): SPA-RL's model, the paper's source of dense rewards
+
+
+def prm_loss(step_scores, traj_ids, outcomes):
+    """SPA-RL's progress-estimator objective (PAPER, "Where the dense rewards come from"):
+    mean over trajectories of (sum_t r_hat_t - R)^2. traj_ids[i] in [0, len(outcomes)) names the
+    trajectory of step i; R is the outcome on the estimator's scale, won in {0, 1} (see fit_estimator)."""
+    sums = torch.zeros(len(outcomes), dtype=step_scores.dtype, device=step_scores.device)
+    sums = sums.index_add(0, traj_ids.to(step_scores.device), step_scores)
+    return ((sums - outcomes.to(sums)) ** 2).mean()
 
 
 class ProgressEstimator(nn.Module):
@@ -1259,7 +1263,8 @@ def estimate_progress(estimator, steps, cfg):
 @dataclass
 class DenseSource:
     """Where dense rewards come from: the env (info["dense_reward"] or the progress increments; estimator
-    None) or a progress estimator with its optimizer and data; plus the seeded noise stream of --dense-noise."""
+    None) or a progress estimator with its optimizer and data; plus the seeded noise stream of --dense-noise.
+    """
     noise_rng: np.random.Generator
     estimator: ProgressEstimator | None = None
     optimizer: torch.optim.Optimizer | None = None
@@ -1269,9 +1274,10 @@ class DenseSource:
 
 
 def relabel_dense(trajs, dense, sigma, cfg):
-    """The one path of every dense reward: Step.dense <- progress_t - progress_{t-1} (--dense-reward progress),
-    or r_hat(s_t, a_t) when an estimator is given (otherwise the env's value stays), then + N(0, sigma^2) per
-    step (PAPER's robustness test). In place; attach_rewards(..., "dense") then scales it by --reward-scale."""
+    """The one path of every dense reward: Step.dense <- progress_t - progress_{t-1} (--dense-reward
+    progress), or r_hat(s_t, a_t) when an estimator is given (otherwise the env's value stays), then + N(0,
+    sigma^2) per step (PAPER's robustness test). In place; attach_rewards(..., "dense") then scales it by
+    --reward-scale."""
     steps = [s for t in trajs for s in t.steps]
     if cfg.dense_reward == "progress":
         for s in steps:
@@ -1334,7 +1340,10 @@ def fit_estimator(dense, cfg, epochs, generator, desc="progress estimator"):
         for b in range(0, len(trajs), cfg.prm_batch_size):
             chosen = perm[b:b + cfg.prm_batch_size]
             idx = [i for c in chosen for i in rows[c]]
-            feats = cached[idx] if cached is not None else estimator_features(est, [steps[i] for i in idx], cfg)
+            if cached is not None:
+                feats = cached[idx]
+            else:
+                feats = estimator_features(est, [steps[i] for i in idx], cfg)
             local = torch.tensor([j for j, c in enumerate(chosen) for _ in rows[c]])
             loss = prm_loss(est(feats), local, outcomes[chosen])
             dense.optimizer.zero_grad(set_to_none=True)
@@ -1352,24 +1361,20 @@ PRM_HELDOUT = 0.2   # the share of the estimator's episodes held out to report i
 
 
 def add_estimator_data(dense, source, trajs, rng):
-    """Add new trajectories to the estimator's data, a seeded random PRM_HELDOUT share of them to the held-out
-    set; count them by source."""
+    """Add trajectories to the estimator's data, a seeded random PRM_HELDOUT share of them to the held-out
+    set; count them by source (config.json's prm_data)."""
     order = rng.permutation(len(trajs)).tolist()
     cut = int(round(PRM_HELDOUT * len(trajs)))
     dense.train += [trajs[i] for i in order[cut:]]
     dense.heldout += [trajs[i] for i in order[:cut]]
-    prev = dense.sources.get(source, {"episodes": 0, "success": 0.0})
-    n = prev["episodes"] + len(trajs)
-    wins = prev["success"] * prev["episodes"] + sum(t.won for t in trajs)
-    dense.sources[source] = {"episodes": n, "success": wins / n if n else 0.0}
+    dense.sources[source] = {"episodes": len(trajs), "success": float(np.mean([t.won for t in trajs]))}
 
 
 # What the estimator's fit depends on: a --prm-path file is reused only when all of these match.
 ESTIMATOR_SETTINGS = ("env", "env_options", "backend", "seed", "model", "action_mode", "history", "max_steps",
                       "temperature", "group_size", "micro_batch_size", "max_grad_norm", "dtype", "warm_start",
                       "warm_start_epochs", "warm_start_lr", "prm_model",
-                      "prm_freeze", "prm_warmup_episodes", "prm_expert_episodes", "prm_expert_noise",
-                      "prm_epochs", "prm_lr", "prm_batch_size")
+                      "prm_freeze", "prm_warmup_episodes", "prm_epochs", "prm_lr", "prm_batch_size")
 
 
 def load_saved_estimator(cfg):
@@ -1391,8 +1396,8 @@ def load_saved_estimator(cfg):
 
 def dense_source(policy, cfg):
     """--dense-reward env / progress: the env's values (plus noise). learned: a progress estimator on its own
-    backbone (--prm-model: the policy's architecture, whose starting weights fit_dense_source copies in; or its
-    own) with its Adam, not fitted yet (fit_dense_source)."""
+    backbone (--prm-model: the policy's architecture, whose starting weights fit_dense_source copies in; or
+    its own) with its Adam, not fitted yet (fit_dense_source)."""
     dense = DenseSource(np.random.default_rng(cfg.seed + 20_000))
     if cfg.dense_reward == "learned":
         name = cfg.model if cfg.prm_model == "policy" else cfg.prm_model
@@ -1406,10 +1411,10 @@ def dense_source(policy, cfg):
 
 def fit_dense_source(dense, policy, cfg):
     """A learned source: with --prm-model policy, start the estimator's backbone from the starting policy's
-    weights (after the warm start); collect the starting policy's rollouts (--prm-warmup-episodes) and the noisy
-    expert's episodes (--prm-expert-episodes), fit the estimator for --prm-epochs -- or load that fit from --prm-path.
-    The fit draws from its own RNG streams, so fitting and loading leave training identical.
-    Returns (stats, env steps, seconds), the last two being the fit's cost."""
+    weights (after the warm start); collect the starting policy's rollouts (--prm-warmup-episodes), as SPA-RL
+    does, fit the estimator for --prm-epochs -- or load that fit from --prm-path. The fit draws from its own
+    RNG streams, so fitting and loading leave training identical. Returns (stats, env steps, seconds), the
+    last two being the fit's cost."""
     if dense.estimator is None:
         return {}, 0, 0.0
     saved = load_saved_estimator(cfg)
@@ -1421,25 +1426,20 @@ def fit_dense_source(dense, policy, cfg):
     if cfg.prm_model == "policy":
         dense.estimator.lm.load_state_dict(policy.agent.lm.state_dict())
     data_rng = np.random.default_rng(cfg.seed + 30_000)
-    collected = []
     with own_rng(cfg.seed + 30_000, policy.device):
-        if cfg.prm_warmup_episodes:
-            n = cfg.prm_warmup_episodes
-            seeds = data_rng.integers(0, cfg.train_tasks, -(-n // cfg.group_size))
-            collected.append(("warmup", rollout(policy, cfg, seeds, temperature=cfg.temperature)[:n]))
-        if cfg.prm_expert_episodes:
-            seeds = data_rng.integers(0, cfg.train_tasks, cfg.prm_expert_episodes)
-            act = expert_actor(policy, cfg.prm_expert_noise, data_rng)
-            collected.append(("expert", rollout(policy, cfg, seeds, act=act, group_size=1)))
-        for source, trajs in collected:
-            add_estimator_data(dense, source, trajs, data_rng)
+        n = cfg.prm_warmup_episodes
+        seeds = data_rng.integers(0, cfg.train_tasks, -(-n // cfg.group_size))
+        trajs = rollout(policy, cfg, seeds, temperature=cfg.temperature)[:n]
+        add_estimator_data(dense, "warmup", trajs, data_rng)
         stats = fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(cfg.seed + 30_000))
-    steps, seconds = sum(len(t.steps) for _, trajs in collected for t in trajs), time.time() - start
+    steps, seconds = sum(len(t.steps) for t in trajs), time.time() - start
     if cfg.prm_path:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.prm_path)), exist_ok=True)
-        saved = {"settings": {k: getattr(cfg, k) for k in ESTIMATOR_SETTINGS}, "state": dense.estimator.state_dict(),
-                 "sources": dense.sources, "stats": stats, "env_steps": steps, "seconds": seconds}
-        save_atomically(cfg.prm_path, lambda p: torch.save(saved, p))   # a run starting meanwhile never reads half a file
+        saved = {"settings": {k: getattr(cfg, k) for k in ESTIMATOR_SETTINGS},
+                 "state": dense.estimator.state_dict(), "sources": dense.sources, "stats": stats,
+                 "env_steps": steps, "seconds": seconds}
+        # a run starting meanwhile never reads half a file
+        save_atomically(cfg.prm_path, lambda p: torch.save(saved, p))
     return stats, steps, seconds
 
 
@@ -1461,14 +1461,17 @@ def build_parser():
     a, on_off = p.add_argument, argparse.BooleanOptionalAction
     # what to run
     a("--env", default="alfworld", choices=["alfworld", "webshop"], help="text environment")
-    a("--env-options", default="{}", help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
+    a("--env-options", default="{}",
+      help='JSON dict passed to envs.make_env, e.g. \'{"num_receptacles": 6}\'')
     a("--backend", default="offline", choices=["offline", "real"], help="offline shim or the real benchmark")
-    a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"], help="base algorithm (verl's adv_estimator)")
+    a("--algo", default="grpo", choices=["grpo", "ppo", "gigpo"],
+      help="base algorithm (verl's adv_estimator)")
     a("--method", default="rspo", choices=["rspo", "outcome", "dense"],
       help="which method trains A: rspo: the reward-swap cycle; outcome/dense: A alone on that reward")
     # RSPO
     a("--k", type=int, default=3, help="updates of B, then of A, per RSPO cycle")
-    a("--alpha", type=float, default=0.125, help="share of buffer groups in A's batch, alpha = m/(n+m) (on average "
+    a("--alpha", type=float, default=0.125,
+      help="share of buffer groups in A's batch, alpha = m/(n+m) (on average "
       "when alpha x --num-groups is fractional)")
     a("--buffer-sampling", default="reward", choices=["reward", "variance", "random"],
       help="which buffer groups A replays first")
@@ -1480,11 +1483,14 @@ def build_parser():
     a("--updates", type=int, default=20, help="budget: number of A's updates (the main runs: 100)")
     a("--num-groups", type=int, default=8, help="groups (tasks) per batch (paper: 16)")
     a("--group-size", type=int, default=8, help="episodes per group (TRL's num_generations)")
-    a("--max-steps", type=int, default=30, help="cap on steps per episode (the env's own limit wins when smaller)")
+    a("--max-steps", type=int, default=30,
+      help="cap on steps per episode (the env's own limit wins when smaller)")
     a("--history", type=int, default=2, help="past (observation, action) pairs in the prompt")
     # model, decoding, resources
-    a("--model", default="tiny", help="'tiny' (built offline) or a Hugging Face causal LM id / local path / .gguf")
-    a("--copy-term", action=on_off, default=None, help="add w log(1 + count in the prompt) to each token's logit, "
+    a("--model", default="tiny",
+      help="'tiny' (built offline) or a Hugging Face causal LM id / local directory")
+    a("--copy-term", action=on_off, default=None,
+      help="add w log(1 + count in the prompt) to each token's logit, "
       "w learned (a pointer-style copy term; default: as a saved --model DIR learned, else off)")
     a("--action-mode", default="auto", choices=["auto", "constrained", "generate"],
       help="constrained: decode only admissible actions (auto for tiny); generate: <think>/<action> text")
@@ -1496,20 +1502,24 @@ def build_parser():
     a("--device", default="auto", help="auto (cuda -> mps -> cpu), cpu, cuda, mps, cuda:1 ...")
     a("--gradient-checkpointing", action=on_off, default=False, help="trade compute for memory")
     a("--explorer-offload", action=on_off, default=False, help="A waits in CPU memory while B trains")
-    a("--generation-batch-size", type=int, default=128, help="prompts per generate call (bounds the KV cache; "
+    a("--generation-batch-size", type=int, default=128,
+      help="prompts per generate call (bounds the KV cache; "
       "TRL's generation_batch_size)")
     # optimisation
     a("--lr", type=float, default=None, help="Adam learning rate (default 1e-4 for tiny, 1e-6 otherwise)")
-    a("--warm-start", type=int, default=None, help="before RL, imitate this many demonstrator episodes (offline "
+    a("--warm-start", type=int, default=None,
+      help="before RL, imitate this many demonstrator episodes (offline "
       "envs; default 1000 for tiny, 0 for a given --model)")
     a("--warm-start-epochs", type=int, default=3, help="passes over the demonstrations")
     a("--warm-start-lr", type=float, default=1e-3, help="Adam learning rate of the imitation")
     a("--epochs", type=int, default=1, help="passes over each batch (TRL's num_iterations)")
     a("--minibatch-size", type=int, default=128, help="step samples per optimizer step")
-    a("--micro-batch-size", type=int, default=16, help="samples per forward pass (gradient accumulation; small "
+    a("--micro-batch-size", type=int, default=16,
+      help="samples per forward pass (gradient accumulation; small "
       "passes keep activations in cache: docs/performance.md)")
     a("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon")
-    a("--clip-ratio-c", type=float, default=3.0, help="dual-clip bound for negative advantages (verl's clip_ratio_c)")
+    a("--clip-ratio-c", type=float, default=3.0,
+      help="dual-clip bound for negative advantages (verl's clip_ratio_c)")
     a("--beta", type=float, default=0.0, help="KL coefficient to a frozen reference (k3 / low_var_kl)")
     a("--ent-coef", type=float, default=0.0, help="entropy bonus coefficient")
     a("--max-grad-norm", type=float, default=1.0, help="gradient-norm clip")
@@ -1523,26 +1533,31 @@ def build_parser():
     a("--invalid-penalty", type=float, default=0.1, help="penalty for an unparseable response")
     # dense rewards: the env's, or a learned progress estimator (SPA-RL); docs/dense-rewards.md
     a("--dense-reward", default="env", choices=["env", "progress", "learned"],
-      help="env: info['dense_reward']; progress: the env's progress increments; learned: a progress estimator")
-    a("--dense-noise", type=float, default=0.0, help="std of seeded Gaussian noise added to every dense reward")
-    a("--prm-model", default="policy", help="estimator backbone: 'policy' (a copy of the warm-started policy), "
+      help="env: info['dense_reward']; progress: the env's progress increments; "
+      "learned: a progress estimator")
+    a("--dense-noise", type=float, default=0.0,
+      help="std of seeded Gaussian noise added to every dense reward")
+    a("--prm-model", default="policy",
+      help="estimator backbone: 'policy' (a copy of the warm-started policy), "
       "'tiny' or an HF id / path")
     a("--prm-freeze", action=on_off, default=False, help="train only the estimator's MLP head")
     a("--prm-warmup-episodes", type=int, default=256, help="estimator data: episodes of the starting policy")
-    a("--prm-expert-episodes", type=int, default=0, help="estimator data: episodes of the env's scripted expert")
-    a("--prm-expert-noise", type=float, default=0.5, help="share of the expert's actions replaced by random ones")
-    a("--prm-epochs", type=int, default=None, help="passes over the estimator's data (default 10 ALFWorld, 5 WebShop)")
+    a("--prm-epochs", type=int, default=None,
+      help="passes over the estimator's data (default 10 ALFWorld, 5 WebShop)")
     a("--prm-lr", type=float, default=None, help="estimator Adam lr (default 1e-3 for tiny, 1e-5 otherwise)")
     a("--prm-batch-size", type=int, default=16, help="trajectories per estimator optimizer step")
-    a("--prm-path", default=None, help="fitted estimator file: loaded if it exists (same settings), else saved there")
+    a("--prm-path", default=None,
+      help="fitted estimator file: loaded if it exists (same settings), else saved there")
     # evaluation, logging, the run directory
     a("--eval-every", type=int, default=5, help="evaluate every N updates of A (0: start and end only)")
     a("--eval-episodes", type=int, default=256, help="held-out tasks per evaluation (at most the split's)")
     a("--eval-split", default=None, help="held-out split(s), comma-separated (default: valid_seen / test)")
-    a("--final-eval-repeats", type=int, default=0, help="after the last update, play every task of the held-out "
+    a("--final-eval-repeats", type=int, default=0,
+      help="after the last update, play every task of the held-out "
       "panels this many times (final/success: the fair test's low-noise measure; 0: off)")
     a("--seed", type=int, default=0, help="seeds python, numpy, torch and every environment")
-    a("--threads", type=int, default=0, help="torch CPU threads (0: torch's default, the machine's cores; runs side "
+    a("--threads", type=int, default=0,
+      help="torch CPU threads (0: torch's default, the machine's cores; runs side "
       "by side: 1 each, as scripts/reproduce.py does)")
     a("--output-dir", default=None, help="where config.json, metrics.jsonl, model/ go (default runs/<name>)")
     a("--overwrite", action="store_true", help="replace the run already in --output-dir")
@@ -1558,16 +1573,17 @@ class ConfigError(ValueError):
 
 
 def validate(cfg):
-    """Check the settings (bad input: ConfigError) and fill in every derived one: the prompt and action mode, the
-    learning rates, the warm start, the output directory, the held-out split, the env's episode cap and its number
-    of train tasks (probe_env). The one place cfg is changed; returns it."""
+    """Check the settings (bad input: ConfigError) and fill in every derived one: the prompt and action mode,
+    the learning rates, the warm start, the output directory, the held-out split, the env's episode cap and
+    its number of train tasks (probe_env). The one place cfg is changed; returns it."""
     bounds = [("must be >= 1", lambda v: v >= 1, "group_size num_groups updates k epochs minibatch_size "
-               "micro_batch_size generation_batch_size max_new_tokens max_steps eval_episodes warm_start_epochs "
-               "prm_batch_size"),
-              ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every final_eval_repeats save_every history "
-               "beta ent_coef vf_coef invalid_penalty dense_noise prm_warmup_episodes prm_expert_episodes prm_epochs"),
-              ("must be > 0", lambda v: v > 0, "lr explorer_lr warm_start_lr prm_lr clip_eps vf_clip max_grad_norm "
-               "reward_scale")]
+               "micro_batch_size generation_batch_size max_new_tokens max_steps eval_episodes "
+               "warm_start_epochs prm_batch_size"),
+              ("must be >= 0", lambda v: v >= 0, "threads warm_start eval_every final_eval_repeats "
+               "save_every history beta ent_coef vf_coef invalid_penalty dense_noise prm_warmup_episodes "
+               "prm_epochs"),
+              ("must be > 0", lambda v: v > 0, "lr explorer_lr warm_start_lr prm_lr clip_eps vf_clip "
+               "max_grad_norm reward_scale")]
     for msg, ok, names in bounds:   # None: a default filled in below
         for name in names.split():
             if getattr(cfg, name) is not None and not ok(getattr(cfg, name)):
@@ -1578,12 +1594,11 @@ def validate(cfg):
         (cfg.clip_ratio_c > 1, "--clip-ratio-c must be > 1"),
         (0 <= cfg.seed < 2 ** 31, "--seed must be in [0, 2^31)"),
         (0.0 <= cfg.gamma <= 1.0 and 0.0 <= cfg.lam <= 1.0, "--gamma and --lam must be in [0, 1]"),
-        (0.0 <= cfg.prm_expert_noise <= 1.0, "--prm-expert-noise must be in [0, 1]"),
         (not cfg.warm_start or cfg.backend == "offline",
          "--warm-start needs --backend offline (the searching demonstrator reads the offline env's state)"),
         (not (cfg.overwrite and cfg.resume), "--overwrite and --resume exclude each other"),
-        (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes + cfg.prm_expert_episodes > 0,
-         "--dense-reward learned needs --prm-warmup-episodes or --prm-expert-episodes"),
+        (cfg.dense_reward != "learned" or cfg.prm_warmup_episodes > 0,
+         "--dense-reward learned needs --prm-warmup-episodes"),
         (not cfg.prm_path or cfg.dense_reward == "learned", "--prm-path needs --dense-reward learned"),
     ]
     for ok, msg in checks:
@@ -1603,7 +1618,7 @@ def validate(cfg):
         cfg.action_mode = saved.get("action_mode", "constrained" if cfg.prompt == "compact" else "generate")
     if cfg.copy_term is None:
         cfg.copy_term = "copy_weight" in saved
-    if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis)
+    if cfg.lr is None:   # 1e-4: larger Adam steps undo a warm start (results/diagnosis/ at 25efb16)
         cfg.lr = saved.get("lr", 1e-4 if cfg.prompt == "compact" else 1e-6)
     cfg.explorer_lr = cfg.explorer_lr or cfg.lr
     if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
@@ -1612,7 +1627,8 @@ def validate(cfg):
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
-    if cfg.prm_epochs is None:   # WebShop's 205 trajectories overfit by 10 passes (and 5 fit in < 2 CPU minutes)
+    # WebShop's 205 trajectories overfit by 10 passes (and 5 fit in < 2 CPU minutes)
+    if cfg.prm_epochs is None:
         cfg.prm_epochs = {"alfworld": 10, "webshop": 5}[cfg.env]
     cfg.progress = sys.stderr.isatty() if cfg.progress is None else cfg.progress
     cfg.env_options["max_steps"], cfg.train_tasks = probe_env(cfg)
@@ -1652,7 +1668,8 @@ def save_checkpoint(out_dir, cfg, policy, optimizer, dense, state, record):
 
 def current_names(settings):
     """Saved settings (a checkpoint's, a run's config.json) under today's names: those written before --reward
-    was renamed --method hold the method as "reward"; those written before --copy-term existed ran without it."""
+    was renamed --method hold the method as "reward"; those written before --copy-term existed ran without it.
+    """
     if "reward" in settings and "method" not in settings:
         settings = {("method" if k == "reward" else k): v for k, v in settings.items()}
     return {"copy_term": False, **settings}
@@ -1667,10 +1684,12 @@ def load_checkpoint(cfg):
     if cfg.overwrite:
         return None
     if not cfg.resume:
-        raise ConfigError(f"--output-dir {out} already holds a run: --overwrite replaces it, --resume continues it")
+        raise ConfigError(f"--output-dir {out} already holds a run: --overwrite replaces it, "
+                          "--resume continues it")
     path = os.path.join(out, CHECKPOINT)
     if not os.path.isfile(path):
-        raise ConfigError(f"--resume: {out} holds a run but no checkpoint (--save-every); --overwrite starts it again")
+        raise ConfigError(f"--resume: {out} holds a run but no checkpoint (--save-every); "
+                          "--overwrite starts it again")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     saved, now = current_names(checkpoint["settings"]), run_settings(cfg)
     diff = [f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(saved) | set(now))
@@ -1725,8 +1744,8 @@ def pick_device(name):
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"--device {name}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
-    present = {"cpu": True, "cuda": torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count(),
-               "mps": mps_available()}
+    cuda = torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+    present = {"cpu": True, "cuda": cuda, "mps": mps_available()}
     if not present.get(device.type, False):
         raise ConfigError(f"--device {name}: no such device on this machine")
     return device
@@ -1766,7 +1785,7 @@ def enable_checkpointing(lm):
 
 
 def build_lm(name, cfg, seed, flag="--model"):
-    """(causal LM, tokenizer): 'tiny' built offline from `seed`, or any HF id / local path / .gguf file."""
+    """(causal LM, tokenizer): 'tiny' built offline from `seed`, or any HF id / local directory."""
     if name == "tiny":
         tok = build_tiny_tokenizer(tiny_vocabulary(cfg.env, cfg.backend, cfg.env_options))
         return build_tiny_model(len(tok), tok, seed), tok
@@ -1776,7 +1795,8 @@ def build_lm(name, cfg, seed, flag="--model"):
 
 def build_policy(cfg, device, pretrained=None):
     """The policy A, with the value head saved next to --model DIR when there is one. pretrained: an already
-    loaded (model, tokenizer) to use instead of loading --model (tests load a real model once and train copies)."""
+    loaded (model, tokenizer) to use instead of loading --model (tests load a real model once and train
+    copies)."""
     lm, tok = pretrained if pretrained is not None else build_lm(cfg.model, cfg, cfg.seed)
     if cfg.gradient_checkpointing:
         enable_checkpointing(lm)
@@ -1831,7 +1851,8 @@ def save_atomically(path, save):
 
 def save_model(policy, cfg, path):
     """save_pretrained with the tokenizer, the value head and rspo.json (the prompt, action mode and lr it
-    learned with, and its copy term's w, so --model PATH runs it the same way). Written beside `path`, then renamed into place."""
+    learned with, and its copy term's w, so --model PATH runs it the same way). Written beside `path`, then
+    renamed into place."""
     tmp, old = path + ".tmp", path + ".old"
     for p in (tmp, old):
         shutil.rmtree(p, ignore_errors=True)
@@ -1847,51 +1868,10 @@ def save_model(policy, cfg, path):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def git_state():
-    """(commit, whether tracked .py files have uncommitted changes) of the repository rspo.py lives in, or
-    (None, None) outside one: config.json records it, so a committed run can be rerun at its own code."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        def git(*args):
-            return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no", "--", "*.py"))
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-
-
-def software_stack():
-    """What besides the commit decides a run's numbers: sampling at T > 0 turns a last-bit difference in the
-    logits into another trajectory, so one commit and seed give other runs under other library versions or
-    other CPU kernels (torch and MKL pick AVX2 or AVX-512 code by the machine). config.json records it beside
-    the commit; scripts/reproduce.py --verify warns when a rerun's stack differs."""
-    import platform
-    import transformers
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "numpy": np.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
-def run_stacks(out_dir, resumed):
-    """The software stacks a run has run under, the one it started under first: a run resumed under another stack
-    is no single stack's run, so config.json keeps them all (read back from it on --resume)."""
-    now, saved = software_stack(), {}
-    if resumed:
-        try:
-            with open(os.path.join(out_dir, "config.json")) as f:
-                saved = json.load(f)
-        except (OSError, json.JSONDecodeError):   # lost or torn (written by an older rspo.py): the start is unknown
-            pass
-    stacks = [saved["stack"], *saved.get("resumed_under", [])] if "stack" in saved else [now]
-    if stacks[-1] != now:
-        print(f"warning: {out_dir} ran under {stacks[-1]} and resumes under {now}: its sampled actions may then "
-              "differ from an uninterrupted run's", file=sys.stderr)
-        stacks.append(now)
-    return stacks
-
-
 def check_writable(path, flag, directory=True):
     """A directory (or a file's directory) can be created and written in, found by trying before any work: the
-    missing directories are made, a probe file is written and removed, and what was made is removed again (for root,
-    os.access calls anything writable, /proc included)."""
+    missing directories are made, a probe file is written and removed, and what was made is removed again (for
+    root, os.access calls anything writable, /proc included)."""
     if directory and os.path.isfile(path):
         raise ConfigError(f"{flag} {path}: is a file")
     where = os.path.abspath(path if directory else os.path.dirname(os.path.abspath(path)))
@@ -1922,7 +1902,7 @@ def open_run_dir(cfg, checkpoint):
     checkpoint (a torn last line, from a kill mid-write, is dropped). Returns the kept records."""
     out = cfg.output_dir
     if cfg.overwrite:
-        for name in ("config.json", "metrics.jsonl", "learning_curve.png", "checkpoint", "model"):
+        for name in ("config.json", "metrics.jsonl", "checkpoint", "model"):
             p = os.path.join(out, name)
             if os.path.isdir(p):
                 shutil.rmtree(p)
@@ -1952,27 +1932,6 @@ def summary_table(first, last):
     return "\n".join(lines)
 
 
-def plot(records, path):
-    """Learning curve PNG when matplotlib is importable (it is not a dependency)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["update"] for r in records if "train/success" in r],
-            [r["train/success"] for r in records if "train/success" in r], label="train success (T=1)")
-    ev = [r for r in records if "eval/success" in r]
-    ax.plot([r["update"] for r in ev], [r["eval/success"] for r in ev], "o-", label="held-out success")
-    ax.set_xlabel("updates of A")
-    ax.set_ylabel("success rate")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def main(argv=None, pretrained=None):
     """The command line. pretrained: see build_policy."""
     parser = build_parser()
@@ -1996,14 +1955,11 @@ def main(argv=None, pretrained=None):
         parser.error(str(e))
     out_dir = cfg.output_dir
     records = open_run_dir(cfg, checkpoint)
-    commit, dirty = git_state()
-    stacks = run_stacks(out_dir, checkpoint is not None)
 
     def write_config():   # again at the end, with what the progress estimator was fitted on (prm_data)
-        text = json.dumps({**vars(cfg), **({"prm_data": dense.sources} if dense.estimator is not None else {}),
-                           "device": str(device), "command": sys.argv if argv is None else argv,
-                           "git_commit": commit, "git_dirty": dirty, "stack": stacks[0],
-                           **({"resumed_under": stacks[1:]} if len(stacks) > 1 else {})}, indent=1)
+        prm_data = {"prm_data": dense.sources} if dense.estimator is not None else {}
+        text = json.dumps({**vars(cfg), **prm_data, "device": str(device),
+                           "command": sys.argv if argv is None else argv}, indent=1)
         save_atomically(os.path.join(out_dir, "config.json"), lambda p: pathlib.Path(p).write_text(text))
     write_config()
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
@@ -2020,7 +1976,6 @@ def main(argv=None, pretrained=None):
     print(summary_table(records[0], last))
     if cfg.save_model:
         save_model(policy, cfg, os.path.join(out_dir, "model"))
-    plot(records, os.path.join(out_dir, "learning_curve.png"))
     return records
 
 

@@ -1,6 +1,6 @@
 """Memory and time of each phase of one update with a real model, measured one phase at a time.
 
-    python scripts/profile_memory.py --model PATH.gguf [rspo flags ...]
+    python scripts/profile_memory.py --model DIR [rspo flags ...]   # DIR: e.g. scripts/gguf_to_hf.py's output
 
 Builds the policy as rspo.main does, plays one batch of rollouts (--num-groups x --group-size episodes), then
 runs, each alone: scoring (score_steps, no gradients), forward with gradients, backward, Adam's first step,

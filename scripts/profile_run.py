@@ -112,8 +112,8 @@ def install():
     # inside the copy module is not timed call by call
     rspo.copy = types.SimpleNamespace(deepcopy=timed(copy.deepcopy, "model copy (deepcopy)"), copy=copy.copy)
     rspo.Policy.act = timed(rspo.Policy.act, "decoding (Policy.act)")
-    expert = rspo.expert_actor
-    rspo.expert_actor = lambda *a, **k: timed(expert(*a, **k), "decoding (demonstrator)")
+    demonstrator = rspo.demonstrator
+    rspo.demonstrator = lambda *a, **k: timed(demonstrator(*a, **k), "decoding (demonstrator)")
     rspo.Policy.encode_prompt = timed(rspo.Policy.encode_prompt, "prompt encoding (tokenizer)")
     rspo.build_prompt = timed(rspo.build_prompt, "prompt rendering (build_prompt)")
     envs.make_env = timed(envs.make_env, "env construction (make_env)")

@@ -28,6 +28,7 @@ import csv
 import json
 import math
 import os
+import pathlib
 import re
 import shlex
 import statistics
@@ -42,7 +43,7 @@ from contextlib import contextmanager, nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from rspo import novel_win_share, software_stack   # noqa: E402 (one definition each)
+from rspo import save_atomically   # noqa: E402 (one definition)
 RESULTS = os.path.join(ROOT, "results")
 SEEDS = [0, 200, 400]   # the paper's seeds
 SAVE_EVERY = 3          # checkpoint every 3 updates of A: a batch cut off after hours resumes mid-run
@@ -220,6 +221,52 @@ def plan(args):
 
 
 FITTING = defaultdict(threading.Lock)   # estimator file -> held by the run that fits it
+LAUNCH = "# reproduce.py launched this run under: "   # a line of stdout.txt before each (re)start's output
+
+
+def git_state():
+    """(commit, whether tracked .py files have uncommitted changes) of this checkout, or (None, None) outside a
+    repository: config.json records it, so a committed run can be rerun at its own code (--verify)."""
+    try:
+        def git(*args):
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no", "--", "*.py"))
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+def software_stack():
+    """What besides the commit decides a run's numbers: sampling at T > 0 turns a last-bit difference in the
+    logits into another trajectory, so one commit and seed give other runs under other library versions or
+    other CPU kernels (torch and MKL pick AVX2 or AVX-512 code by the machine). rspo.py runs under this
+    interpreter, so its stack is this one's."""
+    import platform
+    import numpy
+    import torch
+    import transformers
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": numpy.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def launches(path):
+    """The (re)starts of the run in `path`, oldest first: what each was launched under (LAUNCH lines of stdout.txt)."""
+    try:
+        with open(os.path.join(path, "stdout.txt")) as f:
+            return [json.loads(line[len(LAUNCH):]) for line in f if line.startswith(LAUNCH)]
+    except OSError:
+        return []
+
+
+def provenance(started):
+    """config.json's provenance from a run's launches: the commit of the last one, the software stack it started
+    under first and each other stack it was resumed under, in order of change (a run resumed under another stack
+    is no single stack's run)."""
+    stacks = [started[0]["stack"]]
+    for launch in started[1:]:
+        if launch["stack"] != stacks[-1]:
+            stacks.append(launch["stack"])
+    return {"git_commit": started[-1]["git_commit"], "git_dirty": started[-1]["git_dirty"], "stack": stacks[0],
+            **({"resumed_under": stacks[1:]} if len(stacks) > 1 else {})}
 
 
 def execute(job):
@@ -238,10 +285,24 @@ def execute(job):
     estimator = flag(cmd, "--prm-path")
     # The first run that needs an estimator fits it; another run needing the same one waits for the file.
     lock = FITTING[estimator] if estimator and not os.path.exists(os.path.join(ROOT, estimator)) else nullcontext()
+    resumed = "--resume" in control
+    commit, dirty = git_state()
+    now = {"git_commit": commit, "git_dirty": dirty, "stack": software_stack()}
+    before = launches(path) if resumed else []
+    if before and before[-1]["stack"] != now["stack"]:
+        print(f"warning: {path} ran under {before[-1]['stack']} and resumes under {now['stack']}: its sampled "
+              "actions may then differ from an uninterrupted run's")
     with lock:
         start = time.time()
-        with open(os.path.join(path, "stdout.txt"), "w") as log:
+        with open(os.path.join(path, "stdout.txt"), "a" if resumed else "w") as log:
+            log.write(LAUNCH + json.dumps(now) + "\n")
+            log.flush()
             rc = subprocess.run(cmd + control, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc == 0:   # the provenance of a finished run joins its config.json
+        with open(os.path.join(path, "config.json")) as f:
+            config = {**json.load(f), **provenance(launches(path))}
+        save_atomically(os.path.join(path, "config.json"),
+                        lambda p: pathlib.Path(p).write_text(json.dumps(config, indent=1)))
     return job, "ok" if rc == 0 else f"failed (exit {rc}, see {path}/stdout.txt)", time.time() - start
 
 
@@ -254,8 +315,19 @@ def mean_of(records, key):
     return statistics.mean(values) if values else float("nan")
 
 
+def novel_win_share(replayed_wins, own_wins):
+    """Share of the replayed successes on task types A's own rollouts have not won yet: where the explorer
+    leads A. replayed_wins: {type: successful episodes in this update's replayed groups}; own_wins: A's
+    running totals "train/wins/<type>", this update's rollouts included. None when nothing replayed was won.
+    """
+    won = sum(replayed_wins.values())
+    if not won:
+        return None
+    return sum(n for kind, n in replayed_wins.items() if not own_wins.get(f"train/wins/{kind}")) / won
+
+
 def novel_type_wins(records):
-    """Mean over updates of rspo.novel_win_share, from the running totals train/wins/<type> and buffer/wins/<type>:
+    """Mean over updates of novel_win_share, from the running totals train/wins/<type> and buffer/wins/<type>:
     one definition for every run, also those logged when the share was taken before A's own wins of the same
     update were counted (which made every first update's share 1)."""
     shares, before = [], {}
@@ -312,7 +384,7 @@ def final_rows(results):
                 # groups with mixed outcomes (runs logged before rspo.py had them: none)
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
                    "buffer/clip_centre_p90", "buffer/groups_mixed") if any(k in r for r in records)},
-                **({"novel_type_wins": novel_type_wins(records)} if any("buffer/novel_type_wins" in r for r in records) else {}),
+                **({"novel_type_wins": novel_type_wins(records)} if any(k.startswith("buffer/wins/") for k in last) else {}),
                 "path": os.path.relpath(path, ROOT)})
     return rows
 
