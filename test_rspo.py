@@ -32,7 +32,6 @@ import os
 import pathlib
 import random
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -2688,6 +2687,30 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
     pooled = [-0.2, -0.2] + [0.1] * 15
     assert f"(n = 17): {reproduce.interval_text(pooled)}" in text
     assert reproduce.confirm_table(rows, "webshop")[2] == "0 of 10 pairs complete: read when all are in."
+
+
+def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
+    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main) give +10 and -4 points,
+    mean +3.0, t(1) = 12.706 -> [-85.9, +91.9]; GRPO reads the confirm experiment (final/success) only once all 15
+    pairs are in, main's held-out success until then; a row with no pairs says so."""
+    row = lambda exp, algo, method, seed, success, final=None: {
+        "experiment": exp, "env": "alfworld", "algo": algo, "method": method, "seed": seed, "success": success,
+        "final_success": final}
+    rows = [row("main", "gigpo", "outcome", 0, .40), row("main", "gigpo", "rspo_progress", 0, .50),
+            row("main", "gigpo", "outcome", 200, .50), row("main", "gigpo", "rspo_progress", 200, .46),
+            row("main", "grpo", "outcome", 0, .40), row("main", "grpo", "rspo_progress", 0, .30)]
+    confirm = [row("confirm", "grpo", m, s, .5, .60 if m == "outcome" else .60 + .01 * (i % 3))
+               for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"]) for m in ("outcome", "rspo_progress")]
+    effects = reproduce.table1_effects(rows + confirm[:-1])
+    assert effects["alfworld", "gigpo"] == (1.6, pytest.approx([.10, -.04]), "pre-registration 5")
+    assert effects["alfworld", "grpo"] == (5.7, pytest.approx([-.10]), "pre-registration 5")   # 14 of 15 pairs in
+    effects = reproduce.table1_effects(rows + confirm)
+    assert effects["alfworld", "grpo"] == (5.7, pytest.approx([0, .01, .02] * 5), "pre-registration 13")
+    assert effects["webshop", "ppo"] == (12.0, [], "pre-registration 5")
+    text = "\n".join(reproduce.table1_table(rows + confirm))
+    assert "| alfworld | gigpo | +1.6 | +3.0 [-85.9, +91.9] | 2 | pre-registration 5 |" in text
+    assert f"| alfworld | grpo | +5.7 | {reproduce.interval_text([0, .01, .02] * 5)} | 15 | pre-registration 13 |" in text
+    assert "| webshop | ppo | +12.0 | not run | 0 | – |" in text
 
 
 def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, monkeypatch):

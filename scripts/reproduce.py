@@ -473,17 +473,25 @@ def last_evaluations(row, n=3):
     return statistics.mean(evals[-n:])
 
 
+def paired_runs(rows, env, algo, method, base_method="outcome", base_experiment="main"):
+    """[(base run, run)] by seed: `method` on `env` and `algo` against `base_method` of `base_experiment` on the same
+    seed. A method's name says its experiment (main, or ablations / sweeps for Table 2); the confirm experiment has
+    seeds of its own, so its runs pair only with its own base."""
+    base = {r["seed"]: r for r in rows
+            if (r["experiment"], r["env"], r["algo"], r["method"]) == (base_experiment, env, algo, base_method)}
+    return [(base[r["seed"]], r) for r in sorted(rows, key=lambda r: r["seed"])
+            if (r["env"], r["algo"], r["method"]) == (env, algo, method) and r["seed"] in base]
+
+
 def primary_table(rows, env, algo, method, base_method="outcome"):
     """A pre-registered comparison (REGISTERED): final held-out success of `method` minus `base_method`'s (main), paired by
     seed, with the mean difference and its 95 % interval; beside it the pre-registered secondary end points where
     the runs have them (valid_unseen; the mean of the last three evaluations). [] before its first run."""
-    base = {r["seed"]: r for r in rows
-            if (r["experiment"], r["env"], r["algo"], r["method"]) == ("main", env, algo, base_method)}
-    # a method's name says its experiment (main, or ablations / sweeps for Table 2); the base is always main's
-    rs = sorted((r for r in rows if (r["env"], r["algo"], r["method"]) == (env, algo, method) and r["seed"] in base),
-                key=lambda r: r["seed"])
-    if not rs:
+    pairs = paired_runs(rows, env, algo, method, base_method)
+    if not pairs:
         return []
+    base = {r["seed"]: b for b, r in pairs}
+    rs = [r for _, r in pairs]
     ends = {"success": lambda r: r["success"], "unseen_success": lambda r: r["unseen_success"],
             "last 3": last_evaluations}
     ends = {k: f for k, f in ends.items() if k == "last 3" or all(k in r and k in base[r["seed"]] for r in rs)}
@@ -501,38 +509,70 @@ def primary_table(rows, env, algo, method, base_method="outcome"):
             *table(["seed", base_name, f"{method}+{algo}", *[names[k] for k in diffs]], lines)]
 
 
+def confirm_pairs(rows, env, method="rspo_progress"):
+    """Pre-registration 13's pairs on `env`, [(GRPO, `method`+GRPO)] by seed, once every registered seed has both
+    runs; [] before (the reading waits for all of them)."""
+    pairs = paired_runs(rows, env, "grpo", method, base_experiment="confirm")
+    return pairs if len(pairs) == len(CONFIRM_SEEDS[env]) else []
+
+
 def confirm_table(rows, env, method="rspo_progress"):
     """Pre-registration 13 on `env`: the confirm experiment's pairs (GRPO and `method`+GRPO, one seed each), read only
     when every registered seed has both runs: before that, how many pairs are in and nothing else. Then per seed
     and the mean paired difference with its 95 % t interval: final/success (the measure), valid_seen at the last
     update (eval/success), the mean of the last three evaluations; and secondary 1 on ALFWorld, the old measure
     pooled with pre-registration 5's seeds (main)."""
-    confirm = {(r["method"], r["seed"]): r for r in rows if (r["experiment"], r["env"], r["algo"]) ==
-               ("confirm", env, "grpo") and r["method"] in ("outcome", method)}
-    seeds = [s for s in CONFIRM_SEEDS[env] if ("outcome", s) in confirm and (method, s) in confirm]
+    pairs = confirm_pairs(rows, env, method)
     title = f"## Pre-registration 13: {method}+grpo vs grpo on {env}, the confirm experiment (results/PREREGISTRATIONS.md)"
-    if len(seeds) < len(CONFIRM_SEEDS[env]):
-        return [title, "", f"{len(seeds)} of {len(CONFIRM_SEEDS[env])} pairs complete: read when all are in.", ""]
-    pairs = [(confirm["outcome", s], confirm[method, s]) for s in seeds]
+    if not pairs:
+        n = len(paired_runs(rows, env, "grpo", method, base_experiment="confirm"))
+        return [title, "", f"{n} of {len(CONFIRM_SEEDS[env])} pairs complete: read when all are in.", ""]
     ends = {"Δ final/success (the measure)": lambda r: r["final_success"], "Δ eval/success, last update": lambda r: r["success"],
             "Δ mean of the last 3 evaluations": last_evaluations}
     diffs = {k: [f(b) - f(a) for a, b in pairs] for k, f in ends.items()}
-    lines = [[str(s), f"{100 * a['final_success']:.1f}", f"{100 * b['final_success']:.1f}",
-              *[f"{100 * d[i]:+.1f}" for d in diffs.values()]] for i, (s, (a, b)) in enumerate(zip(seeds, pairs))]
-    lines.append([f"mean (n = {len(seeds)})", f"{100 * statistics.mean(a['final_success'] for a, _ in pairs):.1f}",
+    lines = [[str(b["seed"]), f"{100 * a['final_success']:.1f}", f"{100 * b['final_success']:.1f}",
+              *[f"{100 * d[i]:+.1f}" for d in diffs.values()]] for i, (a, b) in enumerate(pairs)]
+    lines.append([f"mean (n = {len(pairs)})", f"{100 * statistics.mean(a['final_success'] for a, _ in pairs):.1f}",
                   f"{100 * statistics.mean(b['final_success'] for _, b in pairs):.1f}",
                   *[interval_text(d) for d in diffs.values()]])
     out = [title, "", "final/success (%): every held-out task played several times after the last update; paired by "
            "seed, mean differences with their 95 % Student-t intervals.", "",
            *table(["seed", "grpo", f"{method}+grpo", *diffs], lines)]
-    main = {(r["method"], r["seed"]): r for r in rows if (r["experiment"], r["env"], r["algo"]) == ("main", env, "grpo")}
-    old = [main[method, s]["success"] - main["outcome", s]["success"] for m, s in main if m == method
-           and ("outcome", s) in main]
+    old = [r["success"] - b["success"] for b, r in paired_runs(rows, env, "grpo", method)]
     if old:
         pooled = old + diffs["Δ eval/success, last update"]
         out += [f"Secondary 1: Δ eval/success at the last update, pooled with pre-registration 5's {len(old)} seeds "
                 f"(n = {len(pooled)}): {interval_text(pooled)}", ""]
     return out
+
+
+# Table 1 of the paper (Qwen2.5-1.5B-Instruct, 3 seeds): RSPO+X minus X, points; the paper gives no spread.
+PAPER_GAINS = {"alfworld": {"grpo": 5.7, "gigpo": 1.6, "ppo": 8.6}, "webshop": {"grpo": 5.5, "gigpo": 7.9, "ppo": 12.0}}
+
+
+def table1_effects(rows):
+    """The paper's Table 1 gains beside ours: {(env, algo): (paper's gain in points, our paired differences, reading)}.
+    Ours: RSPO (the progress source)+X minus X per seed, as fractions ([] before the first pair). For GRPO the
+    confirmatory reading (pre-registration 13, final/success) once all its pairs are in; until then, and for GiGPO
+    and PPO, pre-registration 5's (held-out success after the last update, experiment main)."""
+    out = {}
+    for env, gains in PAPER_GAINS.items():
+        for algo, paper in gains.items():
+            pairs, key, reading = confirm_pairs(rows, env), "final_success", "pre-registration 13"
+            if algo != "grpo" or not pairs:
+                pairs, key, reading = paired_runs(rows, env, algo, "rspo_progress"), "success", "pre-registration 5"
+            out[env, algo] = paper, [r[key] - b[key] for b, r in pairs], reading
+    return out
+
+
+def table1_table(rows):
+    """tables.md's view of table1_effects."""
+    lines = [[env, algo, f"{paper:+.1f}", interval_text(diffs) if diffs else "not run", str(len(diffs)),
+              reading if diffs else "–"] for (env, algo), (paper, diffs, reading) in table1_effects(rows).items()]
+    return ["## The paper's Table 1 beside ours", "",
+            "RSPO+X minus X in points: the paper's (Qwen2.5-1.5B-Instruct, 3 seeds, no spread given) and ours (the "
+            "progress source, paired by seed, mean [95 % t interval]); drawn in `table1.png`.", "",
+            *table(["env", "base", "paper", "ours", "seeds", "reading"], lines)]
 
 
 def results_table(rows, experiments, reference=()):
@@ -703,6 +743,7 @@ def tables(rows):
            "Held-out success (%) at the start and end of training, mean ± std over the seeds (n); WebShop's",
            "score is the mean purchase reward × 100. Costs include the explorer B and the progress estimator's fit.", "",
            *[line for env in ("alfworld", "webshop") for line in confirm_table(rows, env)],
+           *table1_table(rows),
            *[line for comparison in REGISTERED for line in primary_table(rows, *comparison)],
            "## Main comparison: base algorithm vs RSPO (learned progress estimator) vs RSPO (env dense reward)", "",
            *results_table(rows, {"main"}),
@@ -744,6 +785,29 @@ def figures(rows, results):
     except ImportError:
         print("matplotlib is not installed: no figures")
         return
+    # The paper's Table 1 beside ours (table1_effects): one panel per benchmark, one column per base algorithm.
+    effects = table1_effects(rows)
+    fig, axes = plt.subplots(1, len(PAPER_GAINS), figsize=(9, 3.5), sharey=True)
+    for ax, env in zip(axes, PAPER_GAINS):
+        for x, algo in enumerate(PAPER_GAINS[env]):
+            paper, diffs, reading = effects[env, algo]
+            ax.plot(x - 0.12, paper, "D", color="C1", label=None if x else "paper (Qwen2.5-1.5B, 3 seeds)")
+            if not diffs:
+                ax.annotate("not run", (x + 0.12, 0), rotation=90, ha="center", va="bottom", fontsize=8)
+                continue
+            m, lo, hi = (100 * v for v in paired_interval(diffs))
+            err = None if math.isnan(lo) else [[m - lo], [hi - m]]
+            ax.errorbar(x + 0.12, m, yerr=err, fmt="o", color="C0", capsize=3,
+                        label=None if x else "ours (tiny model), 95 % interval")
+            ax.annotate(f"{len(diffs)} seeds", (x + 0.17, m), fontsize=7, va="center")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set(xticks=range(len(PAPER_GAINS[env])), xticklabels=[a.upper() for a in PAPER_GAINS[env]],
+               xlim=(-0.5, len(PAPER_GAINS[env]) - 0.5), title=env)
+    axes[0].set_ylabel("RSPO+X minus X (points)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(os.path.join(results, "table1.png"))
+    plt.close(fig)
     main = groups(rows, {"main"})
     for env in sorted({k[0] for k in main}):
         algos = sorted({k[1] for k in main if k[0] == env})
