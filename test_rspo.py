@@ -2826,7 +2826,8 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert ok and "resumed under" in out and "made under" not in out
     ok, out = verify(git_commit=commits[0], git_dirty=True)
     assert ok and "made from uncommitted changes" in out
-    assert not verify(git_commit=commits[1])[0]
+    ok, out = verify(git_commit=commits[1])
+    assert not ok and "DIFFERENT metrics: record 0 (update ?): version = 2, committed 1" in out
     ok, out = verify()
     assert not ok and "names no commit: rerun with the current tree" in out
     ok, out = verify(git_commit="0" * 40)
@@ -2990,7 +2991,7 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
     # The longer run repeats the shorter one exactly up to its end (same seed, deterministic on CPU).
     short = reproduce.read_metrics(results / "main" / "alfworld_grpo_outcome_s0")
     long = reproduce.read_metrics(results / "equal_cost" / "alfworld_grpo_outcome_long_s0")
-    assert len(long) == 7 and reproduce.same_metrics(long[:4], short)
+    assert len(long) == 7 and reproduce.metrics_difference(long[:4], short) is None
     capsys.readouterr()
     reproduce.main(argv)   # resume: nothing left to run
     assert capsys.readouterr().out.count("done before") == 3
@@ -3016,10 +3017,15 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
     # A run committed before a metric existed still verifies; a committed value that changed does not.
     commit({k: v for k, v in record.items() if "/wins/" not in k})
     assert reproduce.verify([str(rspo_dir)])
+    capsys.readouterr()
     commit({**record, "eval/success": record["eval/success"] + 0.5})
     assert not reproduce.verify([str(rspo_dir)])
+    assert (f"DIFFERENT metrics: record {len(lines) - 1} (update {record['update']}): eval/success = "
+            f"{json.dumps(record['eval/success'])}, committed {json.dumps(record['eval/success'] + 0.5)}"
+            in capsys.readouterr().out)
     commit({**record, "train/no_such_metric": 1.0})
     assert not reproduce.verify([str(rspo_dir)])
+    assert "every logged value equal, but the rerun does not log train/no_such_metric" in capsys.readouterr().out
 
 
 # =============================================================================================

@@ -898,12 +898,23 @@ def report():
     print(f"{len(rows)} runs -> {name}/final.csv, {name}/tables.md, {name}/*.png")
 
 
-def same_metrics(rerun, committed):
-    """Every committed metric comes back: the same records, each committed value (wall-clock times aside)
-    equal in the rerun, compared as JSON so NaN equals NaN. A rerun may log more keys (a newer trainer)."""
-    return len(rerun) == len(committed) and all(
-        k in new and json.dumps(new[k]) == json.dumps(v)
-        for new, old in zip(rerun, committed) for k, v in old.items() if not k.startswith("time/"))
+def metrics_difference(rerun, committed):
+    """None when every committed metric comes back: the same records, each committed value (wall-clock times
+    aside) equal in the rerun, compared as JSON so NaN equals NaN; a rerun may log more keys (a newer trainer).
+    Otherwise the first difference in words: a changed value, a record count, or the committed keys the rerun
+    no longer logs while every value it does log is equal (a metric moved out of the trainer, say)."""
+    if len(rerun) != len(committed):
+        return f"{len(rerun)} records, committed {len(committed)}"
+    missing = set()
+    for n, (new, old) in enumerate(zip(rerun, committed)):
+        for k, v in old.items():
+            if k.startswith("time/"):
+                continue
+            if k not in new:
+                missing.add(k)
+            elif json.dumps(new[k]) != json.dumps(v):
+                return f"record {n} (update {old.get('update', '?')}): {k} = {json.dumps(new[k])}, committed {json.dumps(v)}"
+    return f"every logged value equal, but the rerun does not log {', '.join(sorted(missing))}" if missing else None
 
 
 @contextmanager
@@ -969,10 +980,10 @@ def verify(paths, here=False):
             print(f"{path}: warning: started under {cfg['stack']}, resumed under {cfg['resumed_under']}: no one stack "
                   "reruns it")
         with checkout(commit) if commit else nullcontext(ROOT) as tree:
-            same = same_metrics(rerun(path, tree), read_metrics(path))
-        print(f"{path}: {'identical metrics' if same else 'DIFFERENT metrics'}"
+            difference = metrics_difference(rerun(path, tree), read_metrics(path))
+        print(f"{path}: {'identical metrics' if difference is None else 'DIFFERENT metrics: ' + difference}"
               + (f" (rerun at {commit})" if commit else " (rerun with the current tree)" if here else ""))
-        ok &= same
+        ok &= difference is None
     return ok
 
 
