@@ -2669,19 +2669,24 @@ def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
 
 def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, monkeypatch):
     """Pre-registration 13's table: nothing but a count until all 15 ALFWorld pairs are in; then the paired mean
-    difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, and secondary 1 pooled with
-    main's seeds."""
+    difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, secondary 3 per panel, and
+    secondary 1 pooled with main's seeds."""
     monkeypatch.setattr(reproduce, "last_evaluations", lambda r: r["success"])
-    row = lambda exp, method, seed, final, success: {"experiment": exp, "env": "alfworld", "algo": "grpo",
-                                                     "method": method, "seed": seed, "final_success": final,
-                                                     "success": success}
+    row = lambda exp, method, seed, final, success, seen=None, unseen=None: {
+        "experiment": exp, "env": "alfworld", "algo": "grpo", "method": method, "seed": seed, "final_success": final,
+        "success": success, **({"final_valid_seen_success": seen, "final_valid_unseen_success": unseen}
+                               if seen is not None else {})}
     deltas = [0.01 * (i % 5 - 1) for i in range(15)]   # -1, 0, +1, +2, +3 points, three times: mean +1, sd 1.464
     rows = [r for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"])
-            for r in (row("confirm", "outcome", s, 0.6, 0.5), row("confirm", "rspo_progress", s, 0.6 + deltas[i], 0.6))]
+            for r in (row("confirm", "outcome", s, 0.6, 0.5, 0.6, 0.6),
+                      row("confirm", "rspo_progress", s, 0.6 + deltas[i], 0.6, 0.6 + 2 * deltas[i], 0.6 - deltas[i]))]
     assert reproduce.confirm_table(rows[:-1], "alfworld")[2] == "14 of 15 pairs complete: read when all are in."
     text = "\n".join(reproduce.confirm_table(rows, "alfworld"))
     half = 2.145 * statistics.stdev(deltas) / math.sqrt(15)
     assert f"| mean (n = 15) | 60.0 | 61.0 | +1.0 [{100 * (0.01 - half):+.1f}, {100 * (0.01 + half):+.1f}] |" in text
+    # secondary 3, per panel: valid_seen moves by twice the deltas, valid_unseen by minus them
+    assert (f"Secondary 3, per panel: Δ valid_seen +2.0 [{200 * (0.01 - half):+.1f}, {200 * (0.01 + half):+.1f}]; "
+            f"Δ valid_unseen -1.0 [{-100 * (0.01 + half):+.1f}, {-100 * (0.01 - half):+.1f}]") in text
     main = [row("main", m, s, None, 0.5 if m == "outcome" else 0.3) for s in (0, 200) for m in ("outcome", "rspo_progress")]
     text = "\n".join(reproduce.confirm_table(rows + main, "alfworld"))
     pooled = [-0.2, -0.2] + [0.1] * 15
@@ -2914,11 +2919,14 @@ def test_reproduce_report_writes_final_csv_and_tables_under_results(reproduce, t
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
             {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1, **(fit if prm else {})},
             {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
-             "env_steps/B": 0, "time/A_seconds": 2.0}]))
+             "env_steps/B": 0, "time/A_seconds": 2.0,
+             **({"final/success": 0.3, "final_valid_seen/success": 0.2, "final_valid_unseen/success": 0.4} if prm
+                else {})}]))
     reproduce.main(["--report"])
     with open(results / "final.csv") as f:
-        row, _ = csv.DictReader(f)
+        row, row2 = csv.DictReader(f)
     assert row["method"] == "outcome" and float(row["success"]) == 0.25 and row["final_success"] == ""
+    assert [row2[f"final_{k}success"] for k in ("", "valid_seen_", "valid_unseen_")] == ["0.3", "0.2", "0.4"]
     assert row["path"] == os.path.relpath(results / "main" / "webshop_grpo_outcome_s0", reproduce.ROOT)
     text = (results / "tables.md").read_text()
     assert "0 of 15 pairs complete: read when all are in." in text and "## Main comparison" in text
