@@ -380,8 +380,8 @@ def final_rows(results):
                     "seconds_warmstart": round(last["time/warmstart_seconds"], 1)} if "env_steps/warmstart" in last else {}),
                 **({"unseen_success": last["eval_valid_unseen/success"]} if "eval_valid_unseen/success" in last else {}),
                 **({"final_success": last["final/success"]} if "final/success" in last else {}),
-                **{f"final_{k.split('/')[0][len('final_'):]}_success": v for k, v in last.items()
-                   if k.startswith("final_") and k.endswith("/success")},   # per panel: final_valid_seen/success
+                **{k.replace("/", "_"): v for k, v in last.items()   # per panel: final_valid_seen/success
+                   if k.startswith("final_") and k.endswith("/success")},
                 # the replay's diagnostics: how far the explorer is from A on the replayed tokens, and the share of replayed
                 # groups with mixed outcomes (runs logged before rspo.py had them: none)
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
@@ -543,8 +543,9 @@ def confirm_table(rows, env, method="rspo_progress"):
            *table(["seed", "grpo", f"{method}+grpo", *diffs], lines)]
     panels = [k for k in pairs[0][0] if k.startswith("final_") and k.endswith("_success") and k != "final_success"]
     if len(panels) > 1:
-        out += ["Secondary 3, per panel: " + "; ".join(
-            f"Δ {k[len('final_'):-len('_success')]} {interval_text([b[k] - a[k] for a, b in pairs])}" for k in panels), ""]
+        out += ["Secondary 3, per panel: " + "; ".join(f"Δ {k[len('final_'):-len('_success')]} "
+                                                       f"{interval_text([b[k] - a[k] for a, b in pairs])}"
+                                                       for k in panels), ""]
     old = [r["success"] - b["success"] for b, r in paired_runs(rows, env, "grpo", method)]
     if old:
         pooled = old + diffs["Δ eval/success, last update"]
@@ -884,7 +885,8 @@ def figures(rows, results):
 FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_updates", "env_steps_total",
           "wall_seconds", "env_steps_A", "env_steps_B", "env_steps_prm", "seconds_A", "seconds_B", "seconds_prm",
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "final_success",
-          "final_valid_seen_success", "final_valid_unseen_success", "warmstart_success", "unseen_success", "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
+          "final_valid_seen_success", "final_valid_unseen_success", "warmstart_success", "unseen_success",
+          "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
           "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "path"]
 
 
@@ -920,7 +922,8 @@ def metrics_difference(rerun, committed):
             if k not in new:
                 missing.add(k)
             elif json.dumps(new[k]) != json.dumps(v):
-                return f"record {n} (update {old.get('update', '?')}): {k} = {json.dumps(new[k])}, committed {json.dumps(v)}"
+                return (f"record {n} (update {old.get('update', '?')}): {k} = {json.dumps(new[k])}, "
+                        f"committed {json.dumps(v)}")
     return f"every logged value equal, but the rerun does not log {', '.join(sorted(missing))}" if missing else None
 
 
