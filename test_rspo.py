@@ -2687,6 +2687,17 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
     # secondary 3, per panel: valid_seen moves by twice the deltas, valid_unseen by minus them
     assert (f"Secondary 3, per panel: Δ valid_seen +2.0 [{200 * (0.01 - half):+.1f}, {200 * (0.01 + half):+.1f}]; "
             f"Δ valid_unseen -1.0 [{-100 * (0.01 + half):+.1f}, {-100 * (0.01 - half):+.1f}]") in text
+    assert "CPU kernels differ" not in text
+    # the arms of seeds 1000 and 1200 on other kernels: the measure over the other 13 pairs, deltas[2:]
+    mixed = [dict(r, cpu="AVX2" if r["method"] == "rspo_progress" and r["seed"] in (1000, 1200) else "AVX512")
+             for r in rows]
+    mean, half = statistics.mean(deltas[2:]), 2.179 * statistics.stdev(deltas[2:]) / math.sqrt(13)   # t(0.975, 12)
+    assert (f"CPU kernels differ between the arms of seed 1000 (AVX512 / AVX2), seed 1200 (AVX512 / AVX2) "
+            f"(exploratory): Δ final/success over the other 13 pairs {100 * mean:+.1f} "
+            f"[{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]") in "\n".join(reproduce.confirm_table(mixed, "alfworld"))
+    assert reproduce.run_kernels({"stack": {"cpu_capability": "AVX512"},
+                                  "resumed_under": [{"cpu_capability": "AVX2"}]}) == "AVX512>AVX2"
+    assert reproduce.run_kernels({"git_commit": "35b1d2b"}) == ""
     main = [row("main", m, s, None, 0.5 if m == "outcome" else 0.3) for s in (0, 200) for m in ("outcome", "rspo_progress")]
     text = "\n".join(reproduce.confirm_table(rows + main, "alfworld"))
     pooled = [-0.2, -0.2] + [0.1] * 15

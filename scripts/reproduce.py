@@ -387,8 +387,16 @@ def final_rows(results):
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
                    "buffer/clip_centre_p90", "buffer/groups_mixed") if any(k in r for r in records)},
                 **({"novel_type_wins": novel_type_wins(records)} if any(k.startswith("buffer/wins/") for k in last) else {}),
-                "path": os.path.relpath(path, ROOT)})
+                "cpu": run_kernels(cfg), "path": os.path.relpath(path, ROOT)})
     return rows
+
+
+def run_kernels(cfg):
+    """The CPU kernels a run's config.json says it ran on ("AVX512"; "AVX512>AVX2" when resumed on another machine;
+    "" for runs made before the stack was recorded): one seed's trajectory on one kernel set differs from another's
+    in the last bits, and so in its samples."""
+    stacks = [cfg.get("stack", {}), *cfg.get("resumed_under", [])]
+    return ">".join(s["cpu_capability"] for s in stacks if "cpu_capability" in s)
 
 
 def finite(values):
@@ -546,6 +554,12 @@ def confirm_table(rows, env, method="rspo_progress"):
         out += ["Secondary 3, per panel: " + "; ".join(f"Δ {k[len('final_'):-len('_success')]} "
                                                        f"{interval_text([b[k] - a[k] for a, b in pairs])}"
                                                        for k in panels), ""]
+    mixed = [(a, b) for a, b in pairs if a.get("cpu") != b.get("cpu")]
+    if mixed:   # added after part A was read and before part B was: docs/reproduction.md, "Determinism"
+        same = [b["final_success"] - a["final_success"] for a, b in pairs if (a, b) not in mixed]
+        out += ["CPU kernels differ between the arms of " + ", ".join(f"seed {b['seed']} ({a.get('cpu') or '?'} / "
+                                                                       f"{b.get('cpu') or '?'})" for a, b in mixed)
+                + f" (exploratory): Δ final/success over the other {len(same)} pairs {interval_text(same)}", ""]
     old = [r["success"] - b["success"] for b, r in paired_runs(rows, env, "grpo", method)]
     if old:
         pooled = old + diffs["Δ eval/success, last update"]
@@ -887,7 +901,7 @@ FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "final_success",
           "final_valid_seen_success", "final_valid_unseen_success", "warmstart_success", "unseen_success",
           "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
-          "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "path"]
+          "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "cpu", "path"]
 
 
 def report():
