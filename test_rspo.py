@@ -2692,9 +2692,10 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
     mixed = [dict(r, cpu="AVX2" if r["method"] == "rspo_progress" and r["seed"] in (1000, 1200) else "AVX512")
              for r in rows]
     mean, half = statistics.mean(deltas[2:]), 2.179 * statistics.stdev(deltas[2:]) / math.sqrt(13)   # t(0.975, 12)
+    text = "\n".join(reproduce.confirm_table(mixed, "alfworld"))
     assert (f"CPU kernels differ between the arms of seed 1000 (AVX512 / AVX2), seed 1200 (AVX512 / AVX2) "
             f"(exploratory): Δ final/success over the other 13 pairs {100 * mean:+.1f} "
-            f"[{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]") in "\n".join(reproduce.confirm_table(mixed, "alfworld"))
+            f"[{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]") in text
     assert reproduce.run_kernels({"stack": {"cpu_capability": "AVX512"},
                                   "resumed_under": [{"cpu_capability": "AVX2"}]}) == "AVX512>AVX2"
     assert reproduce.run_kernels({"git_commit": "35b1d2b"}) == ""

@@ -556,7 +556,7 @@ def confirm_table(rows, env, method="rspo_progress"):
                                                        for k in panels), ""]
     mixed = [(a, b) for a, b in pairs if a.get("cpu") != b.get("cpu")]
     if mixed:   # added after part A was read and before part B was: docs/reproduction.md, "Determinism"
-        same = [b["final_success"] - a["final_success"] for a, b in pairs if (a, b) not in mixed]
+        same = [b["final_success"] - a["final_success"] for a, b in pairs if a.get("cpu") == b.get("cpu")]
         out += ["CPU kernels differ between the arms of " + ", ".join(f"seed {b['seed']} ({a.get('cpu') or '?'} / "
                                                                        f"{b.get('cpu') or '?'})" for a, b in mixed)
                 + f" (exploratory): Δ final/success over the other {len(same)} pairs {interval_text(same)}", ""]
