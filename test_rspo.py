@@ -412,10 +412,10 @@ def tiny_policy(mode="constrained", seed=0, copy_weight=None):
     cfg = SimpleNamespace(model="tiny", prompt="compact", action_mode=mode, max_new_tokens=6, generation_batch_size=128,
                           dtype="auto")
     tok = policy_mod.build_tiny_tokenizer(WORDS)
-    agent = rspo.Agent(policy_mod.build_tiny_model(len(tok), tok, seed), copy_term=copy_weight is not None)
+    agent = policy_mod.Agent(policy_mod.build_tiny_model(len(tok), tok, seed), copy_term=copy_weight is not None)
     if copy_weight is not None:
         agent.copy_weight.data.fill_(copy_weight)
-    return rspo.Policy(agent, tok, cfg, torch.device("cpu"))
+    return policy_mod.Policy(agent, tok, cfg, torch.device("cpu"))
 
 
 def test_tiny_tokenizer_is_word_level_and_round_trips(tmp_path):
@@ -619,10 +619,10 @@ def test_every_end_of_turn_stops_even_when_it_is_the_pad(tmp_path):
     tok.pad_token = tok.convert_ids_to_tokens(first)
     lm.generation_config.eos_token_id = [tok.eos_token_id, first]
     with pytest.raises(ValueError, match="pad token is an end-of-turn id"):
-        rspo.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
+        policy_mod.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
     policy_mod.distinct_pad(lm, tok)
     assert tok.pad_token == "<|rspo_pad|>" and lm.get_input_embeddings().weight.shape[0] == len(tok)
-    policy = rspo.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
+    policy = policy_mod.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
     assert first in policy.stop_ids and tok.pad_token_id not in policy.stop_ids
     assert policy.act([prompt, prompt[:3]], [None] * 2, 0.0)[0][0] == [first]
 
@@ -636,7 +636,7 @@ def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
     with pytest.raises(rspo.ConfigError, match="gemma-2-like: its logits are not its output layer"):
         rspo.build_policy(cfg, torch.device("cpu"), (capped, None))
     plain = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=None))
-    policy_mod.check_logits_path(rspo.Agent(plain), "gemma-2-like")   # the same model without capping passes
+    policy_mod.check_logits_path(policy_mod.Agent(plain), "gemma-2-like")   # the same model without capping passes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3190,8 +3190,8 @@ def test_stop_ids_and_response_cut():
 
 def test_full_prompt_is_verl_agents():
     for env in ("alfworld", "webshop"):
-        text = rspo.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2", ["look", "take mug 1 from sink 1"],
-                                 1, False, env)
+        text = policy_mod.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2",
+                                       ["look", "take mug 1 from sink 1"], 1, False, env)
         assert text.startswith(policy_mod.FULL_TEMPLATE[env] + "Your task is to: put a mug in sink.\nPrior to this step, "
                                "you have already taken 1 step(s). Below are the most recent 1 observations")
         assert "[Observation 1: 'o1', Action 1: 'go to sink 1']" in text and "step 2 and your current observation is: o2" in text
@@ -3232,7 +3232,7 @@ def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2, smollm2_dir):
     assert lm.get_input_embeddings().weight.shape[0] == len(tok)
     cfg = SimpleNamespace(model=smollm2_dir, prompt="full", action_mode="generate", max_new_tokens=8, generation_batch_size=2,
                           dtype="float32")
-    policy = rspo.Policy(rspo.Agent(lm), tok, cfg, torch.device("cpu"))
+    policy = policy_mod.Policy(policy_mod.Agent(lm), tok, cfg, torch.device("cpu"))
     assert tok.convert_tokens_to_ids("<|im_end|>") in policy.stop_ids
     prompts = [policy.encode_prompt(t) for t in
                ["Say hi.", "Name the colours of the rainbow, in order, one per line.", "2 + 2 = ?"]]
