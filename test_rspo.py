@@ -2710,9 +2710,10 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
 
 
 def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
-    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main) give +10 and -4 points,
-    mean +3.0, t(1) = 12.706 -> [-85.9, +91.9]; GRPO reads the confirm experiment (final/success) only once all 15
-    pairs are in, main's held-out success until then; a row with no pairs says so."""
+    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main) give +10, -4 and +3
+    points, mean +3.0, sd 7, t(2) = 4.303 -> [-14.4, +20.4], drawn only once all 3 seeds have both runs; GRPO reads
+    the confirm experiment (final/success) only once all 15 pairs are in, main's held-out success until then; a
+    row with no pairs, or not all in, says so."""
     row = lambda exp, algo, method, seed, success, final=None: {
         "experiment": exp, "env": "alfworld", "algo": algo, "method": method, "seed": seed, "success": success,
         "final_success": final}
@@ -2722,13 +2723,17 @@ def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
     confirm = [row("confirm", "grpo", m, s, .5, .60 if m == "outcome" else .60 + .01 * (i % 3))
                for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"]) for m in ("outcome", "rspo_progress")]
     effects = reproduce.table1_effects(rows + confirm[:-1])
-    assert effects["alfworld", "gigpo"] == (1.6, pytest.approx([.10, -.04]), "pre-registration 5")
-    assert effects["alfworld", "grpo"] == (5.7, pytest.approx([-.10]), "pre-registration 5")   # 14 of 15 pairs in
+    assert effects["alfworld", "gigpo"] == (1.6, [], "2 of 3 pairs in")
+    assert effects["alfworld", "grpo"] == (5.7, [], "1 of 3 pairs in")   # 14 of 15 confirm pairs in: main's, 1 pair
+    assert "| alfworld | gigpo | +1.6 | 2 of 3 pairs in | 0 | – |" in "\n".join(reproduce.table1_table(rows))
+    rows += [row("main", "gigpo", "outcome", 400, .40), row("main", "gigpo", "rspo_progress", 400, .43)]
+    assert reproduce.table1_effects(rows)["alfworld", "gigpo"] == (1.6, pytest.approx([.10, -.04, .03]),
+                                                                   "pre-registration 5")
     effects = reproduce.table1_effects(rows + confirm)
     assert effects["alfworld", "grpo"] == (5.7, pytest.approx([0, .01, .02] * 5), "pre-registration 13")
-    assert effects["webshop", "ppo"] == (12.0, [], "pre-registration 5")
+    assert effects["webshop", "ppo"] == (12.0, [], "not run")
     text = "\n".join(reproduce.table1_table(rows + confirm))
-    assert "| alfworld | gigpo | +1.6 | +3.0 [-85.9, +91.9] | 2 | pre-registration 5 |" in text
+    assert "| alfworld | gigpo | +1.6 | +3.0 [-14.4, +20.4] | 3 | pre-registration 5 |" in text
     assert f"| alfworld | grpo | +5.7 | {reproduce.interval_text([0, .01, .02] * 5)} | 15 | pre-registration 13 |" in text
     assert "| webshop | ppo | +12.0 | not run | 0 | – |" in text
 

@@ -576,20 +576,23 @@ def table1_effects(rows):
     """The paper's Table 1 gains beside ours: {(env, algo): (paper's gain in points, our paired differences, reading)}.
     Ours: RSPO (the progress source)+X minus X per seed, as fractions ([] before the first pair). For GRPO the
     confirmatory reading (pre-registration 13, final/success) once all its pairs are in; until then, and for GiGPO
-    and PPO, pre-registration 5's (held-out success after the last update, experiment main)."""
+    and PPO, pre-registration 5's (held-out success after the last update, experiment main), drawn once the
+    registered seeds (SEEDS) all have both runs: before that no pairs, and the reading says how many are in."""
     out = {}
     for env, gains in PAPER_GAINS.items():
         for algo, paper in gains.items():
             pairs, key, reading = confirm_pairs(rows, env), "final_success", "pre-registration 13"
             if algo != "grpo" or not pairs:
                 pairs, key, reading = paired_runs(rows, env, algo, "rspo_progress"), "success", "pre-registration 5"
+                if len(pairs) < len(SEEDS):   # a part is read only when all its pairs are in
+                    pairs, reading = [], f"{len(pairs)} of {len(SEEDS)} pairs in" if pairs else "not run"
             out[env, algo] = paper, [r[key] - b[key] for b, r in pairs], reading
     return out
 
 
 def table1_table(rows):
     """tables.md's view of table1_effects."""
-    lines = [[env, algo, f"{paper:+.1f}", interval_text(diffs) if diffs else "not run", str(len(diffs)),
+    lines = [[env, algo, f"{paper:+.1f}", interval_text(diffs) if diffs else reading, str(len(diffs)),
               reading if diffs else "–"] for (env, algo), (paper, diffs, reading) in table1_effects(rows).items()]
     return ["## The paper's Table 1 beside ours", "",
             "RSPO+X minus X in points: the paper's (Qwen2.5-1.5B-Instruct, 3 seeds, no spread given) and ours (the "
@@ -815,7 +818,7 @@ def figures(rows, results):
             paper, diffs, reading = effects[env, algo]
             ax.plot(x - 0.12, paper, "D", color="C1", label=None if x else "paper (Qwen2.5-1.5B, 3 seeds)")
             if not diffs:
-                ax.annotate("not run", (x + 0.12, 0), rotation=90, ha="center", va="bottom", fontsize=8)
+                ax.annotate(reading, (x + 0.12, 0), rotation=90, ha="center", va="bottom", fontsize=8)
                 continue
             m, lo, hi = (100 * v for v in paired_interval(diffs))
             err = None if math.isnan(lo) else [[m - lo], [hi - m]]
