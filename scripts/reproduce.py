@@ -574,7 +574,7 @@ PAPER_GAINS = {"alfworld": {"grpo": 5.7, "gigpo": 1.6, "ppo": 8.6}, "webshop": {
 
 def table1_effects(rows):
     """The paper's Table 1 gains beside ours: {(env, algo): (paper's gain in points, our paired differences, reading)}.
-    Ours: RSPO (the progress source)+X minus X per seed, as fractions ([] before the first pair). For GRPO the
+    Ours: RSPO (the progress source)+X minus X per seed, as fractions ([] until they are read). For GRPO the
     confirmatory reading (pre-registration 13, final/success) once all its pairs are in; until then, and for GiGPO
     and PPO, pre-registration 5's (held-out success after the last update, experiment main), drawn once the
     registered seeds (SEEDS) all have both runs: before that no pairs, and the reading says how many are in."""
