@@ -2670,6 +2670,35 @@ def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
     assert [j[4] for j in jobs if j[0] == "main"] == reproduce.SEEDS * 4   # per env and method, the paper's seeds
 
 
+def test_reproduce_batch_runs_several_plans_in_one_pool_in_order_each_once(reproduce, tmp_path, capsys):
+    """--batch: each line of the file is one plan's options ('#' comments, blank lines skipped); the jobs keep the
+    file's order and a job two lines plan runs once. Part C's file plans pre-registration 13's 20 runs in order."""
+    def listed(*argv):
+        reproduce.main([*argv, "--list"])
+        return ["/".join(line.split("--output-dir ")[1].split()[0].split("/")[-2:])   # <experiment>/<run>
+                for line in capsys.readouterr().out.splitlines()]
+
+    ws = "{}/webshop_{}_{}_s{}"
+    part_c = [ws.format("main", "grpo", "rspo", s) for s in (0, 200, 400, 600, 800)] + \
+        [ws.format("main", a, "rspo_progress", s) for a in ("ppo", "gigpo") for s in (0, 200, 400)] + \
+        [ws.format("dense", "grpo", m, s) for m in ("dense", "dense_progress") for s in (0, 200, 400)] + \
+        [ws.format("equal_cost", "grpo", "outcome_long", s) for s in (0, 200, 400)]
+    assert listed("--batch", os.path.join(reproduce.ROOT, "scripts", "prereg13_part_c.batch")) == part_c
+    batch = tmp_path / "b.batch"
+    batch.write_text("# a comment line\n--experiments dense --envs webshop --seeds 200  # the first plan\n\n"
+                     "--experiments main dense --envs webshop --algos grpo --methods dense outcome --seeds 0 200\n")
+    assert listed("--batch", str(batch)) == [ws.format("dense", "grpo", m, 200) for m in ("dense", "dense_progress")] + \
+        [ws.format("main", "grpo", "outcome", s) for s in (0, 200)] + [ws.format("dense", "grpo", "dense", 0)]
+    for argv in (["--batch", str(tmp_path / "none.batch")], ["--batch", str(batch), "--seeds", "0"]):
+        with pytest.raises(SystemExit) as e:   # a missing file; a plan option the file would silently override
+            reproduce.main([*argv, "--list"])
+        assert e.value.code == 2
+    batch.write_text("--experiments mainx\n")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--batch", str(batch), "--list"])
+    assert e.value.code == 2 and "b.batch, line 1: error: argument --experiments: invalid choice" in capsys.readouterr().err
+
+
 def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, monkeypatch):
     """Pre-registration 13's table: nothing but a count until all 15 ALFWorld pairs are in; then the paired mean
     difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, secondary 3 per panel, and

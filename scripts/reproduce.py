@@ -4,6 +4,7 @@
     python scripts/reproduce.py --experiments main --envs alfworld --algos grpo --seeds 0
     python scripts/reproduce.py --report                # only rebuild results/final.csv, tables, figures
     python scripts/reproduce.py --list                  # print the commands, run nothing
+    python scripts/reproduce.py --batch scripts/prereg13_part_c.batch   # several commands' runs, one pool
     python scripts/reproduce.py --verify results/main/webshop_grpo_outcome_s200   # rerun one, compare
 
 Each run is one `python rspo.py ...` command with its own directory results/<experiment>/<run>/ holding
@@ -1014,13 +1015,36 @@ def verify(paths, here=False):
     return ok
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def plan_options():
+    """The options that choose a plan's runs: main's, and those of each line of a --batch file."""
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
     p.add_argument("--envs", nargs="+", default=["alfworld", "webshop"], choices=["alfworld", "webshop"])
     p.add_argument("--algos", nargs="+", default=["grpo", "ppo", "gigpo"], choices=["grpo", "ppo", "gigpo"])
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="only these methods (default: all)")
     p.add_argument("--seeds", nargs="+", type=int, help=f"default {SEEDS}; the confirm experiment's own: {CONFIRM_SEEDS}")
+    return p
+
+
+def batch_plan(file):
+    """The jobs of several plans in one list: each line of `file` holds one plan's options ('#' starts a comment),
+    and the jobs keep the file's order, each once. So a batch of several commands keeps every worker busy, where the
+    commands run one after another leave workers idle at each one's tail."""
+    with open(file) as f:
+        lines = f.readlines()
+    jobs = []
+    for n, line in enumerate(lines, 1):
+        words = shlex.split(line, comments=True)
+        if words:
+            options = argparse.ArgumentParser(prog=f"{file}, line {n}", parents=[plan_options()], add_help=False)
+            jobs += [job for job in plan(options.parse_args(words)) if job not in jobs]
+    return jobs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[plan_options()])
+    p.add_argument("--batch", metavar="FILE", help="run the plans of FILE's lines (each line: the options above) "
+                                                   "in one pool, in order, instead of the options'")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--list", action="store_true", help="print the commands and exit")
     p.add_argument("--report", action="store_true", help="only rebuild final.csv, tables and figures")
@@ -1034,7 +1058,13 @@ def main(argv=None):
         return report()
     if args.verify:
         sys.exit(0 if verify(args.verify, args.here) else 1)
-    jobs = plan(args)
+    defaults = vars(plan_options().parse_args([]))
+    if args.batch and any(getattr(args, k) != v for k, v in defaults.items()):
+        p.error("--batch takes each plan's options from its file's lines, not from the command line")
+    try:
+        jobs = batch_plan(args.batch) if args.batch else plan(args)
+    except OSError as e:
+        p.error(f"--batch {args.batch}: {e.strerror}")
     if args.list:
         for job in jobs:
             print(shlex.join(command(*job)))
