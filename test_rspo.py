@@ -2739,10 +2739,10 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
 
 
 def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
-    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main) give +10, -4 and +3
-    points, mean +3.0, sd 7, t(2) = 4.303 -> [-14.4, +20.4], drawn only once all 3 seeds have both runs; GRPO reads
-    the confirm experiment (final/success) only once all 15 pairs are in, main's held-out success until then; a
-    row with no pairs, or not all in, says so."""
+    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main; on WebShop part C of
+    pre-registration 13) give +10, -4 and +3 points, mean +3.0, sd 7, t(2) = 4.303 -> [-14.4, +20.4], drawn only
+    once all 3 seeds have both runs; GRPO reads the confirm experiment (final/success) only once all 15 pairs are
+    in, main's held-out success until then; a row with no pairs, or not all in, says so."""
     row = lambda exp, algo, method, seed, success, final=None: {
         "experiment": exp, "env": "alfworld", "algo": algo, "method": method, "seed": seed, "success": success,
         "final_success": final}
@@ -2761,6 +2761,8 @@ def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
     effects = reproduce.table1_effects(rows + confirm)
     assert effects["alfworld", "grpo"] == (5.7, pytest.approx([0, .01, .02] * 5), "pre-registration 13")
     assert effects["webshop", "ppo"] == (12.0, [], "not run")
+    shop = [{**r, "env": "webshop"} for r in rows if r["algo"] == "gigpo"]   # WebShop's rows: part C of 13
+    assert reproduce.table1_effects(shop)["webshop", "gigpo"][2] == "pre-registration 13, part C"
     text = "\n".join(reproduce.table1_table(rows + confirm))
     assert "| alfworld | gigpo | +1.6 | +3.0 [-14.4, +20.4] | 3 | pre-registration 5 |" in text
     assert f"| alfworld | grpo | +5.7 | {reproduce.interval_text([0, .01, .02] * 5)} | 15 | pre-registration 13 |" in text
