@@ -67,8 +67,8 @@ def masked_mean(x, mask):
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
-    """RSPO's clipped surrogate (PAPER: off-policy clip centre), token-mean over mask.
+def shifted_clip_per_token(logp, old_logp, behav_logp, advantages, clip_eps=0.2, clip_ratio_c=3.0):
+    """RSPO's clipped surrogate per token (PAPER: off-policy clip centre), before any aggregation.
 
     rho = pi_theta / pi_behav, clip centre c = pi_theta_old / pi_behav,
     L = -min(rho * A, clip(rho, c - eps, c + eps) * A), and for A < 0 verl's dual clip (Ye et al. 2020,
@@ -76,16 +76,21 @@ def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2
     clip_ratio_c (the factor c carries the bound into the off-policy frame: inferred, the paper is silent).
     On-policy tokens pass behav_logp = old_logp, so c = 1 and this is PPO's clip (Schulman et al. 2017,
     eq. 7) with verl's dual clip; buffer tokens pass the explorer B's log-probs. advantages broadcast over
-    tokens. Returns (loss, clip fraction: the share of tokens where the clipped branch is the one taken, as
-    verl)."""
+    tokens. Returns (loss per token, 1.0 where the clipped branch is the one taken, as verl counts it)."""
     ratio = torch.exp(logp - behav_logp)
     centre = torch.exp(old_logp - behav_logp)
     clipped = torch.maximum(torch.minimum(ratio, centre + clip_eps), centre - clip_eps)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
     dual = torch.maximum(surrogate, clip_ratio_c * centre * advantages)
     surrogate = torch.where(advantages < 0, dual, surrogate)
-    clipfrac = masked_mean((clipped * advantages < ratio * advantages).float(), mask)
-    return -masked_mean(surrogate, mask), clipfrac
+    return -surrogate, (clipped * advantages < ratio * advantages).float()
+
+
+def shifted_clip_loss(logp, old_logp, behav_logp, advantages, mask, clip_eps=0.2, clip_ratio_c=3.0):
+    """shifted_clip_per_token, token-mean over mask (verl's loss_agg_mode='token-mean'). Returns (loss, clip
+    fraction: the share of tokens where the clipped branch is the one taken)."""
+    loss, clipped = shifted_clip_per_token(logp, old_logp, behav_logp, advantages, clip_eps, clip_ratio_c)
+    return masked_mean(loss, mask), masked_mean(clipped, mask)
 
 
 def outcome_rewards(num_steps, won, invalid, scale=10.0, penalty=0.1):
