@@ -388,7 +388,8 @@ def final_rows(results):
                 **{k.split("/")[1]: mean_of(records[1:], k) for k in ("buffer/explorer_kl", "buffer/clip_centre_p10",
                    "buffer/clip_centre_p90", "buffer/groups_mixed") if any(k in r for r in records)},
                 **({"novel_type_wins": novel_type_wins(records)} if any(k.startswith("buffer/wins/") for k in last) else {}),
-                "cpu": run_kernels(cfg), "path": os.path.relpath(path, ROOT)})
+                "restarts": restarts(cfg, stdout_text(path)), "cpu": run_kernels(cfg),
+                "path": os.path.relpath(path, ROOT)})
     return rows
 
 
@@ -398,6 +399,44 @@ def run_kernels(cfg):
     in the last bits, and so in its samples."""
     stacks = [cfg.get("stack", {}), *cfg.get("resumed_under", [])]
     return ">".join(s["cpu_capability"] for s in stacks if "cpu_capability" in s)
+
+
+RESUMED_AT = re.compile(r"\(resumed at update (\d+)\)")   # rspo.py's end-of-run line of a resumed process
+
+
+def stdout_text(path):
+    """The stdout.txt of the run in `path` ("" if it has none)."""
+    try:
+        with open(os.path.join(path, "stdout.txt")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def restarts(cfg, stdout):
+    """How a run's metrics were made, from its own config.json (`cfg`: the flags of its last process) and
+    stdout.txt text, for final.csv's `restarts`. "fresh": one process from update 0; "overwritten": the last
+    process was given --overwrite (it replaced an earlier, unfinished start's files and ran from update 0);
+    "resumed@U1;U2": continued from its checkpoint (--resume), once per entry, in order, at the update that
+    rspo.py's end-of-run line names; "?" where no line names it (a resumed process cut off before its end, or
+    an rspo.py from before the line said so). Each launch appended to stdout.txt after the first (LAUNCH
+    lines) is a resume, as reproduce.py rewrites the file at each fresh start. Without LAUNCH lines stdout.txt
+    holds the last process alone: resumes before it, and an --overwrite start resumed later, go unseen."""
+    # the output of each launch; text before the first LAUNCH line is one of its own (an older reproduce.py's
+    # start, resumed by this one)
+    launched = [[]]
+    for line in stdout.splitlines():
+        if line.startswith(LAUNCH):
+            launched.append([])
+        launched[-1].append(line)
+    launched = ["\n".join(lines) for lines in launched if lines]
+    if len(launched) > 1:
+        resumed = [m.group(1) if (m := RESUMED_AT.search(text)) else "?" for text in launched[1:]]
+    else:
+        resumed = RESUMED_AT.findall(stdout) or (["?"] if cfg.get("resume") else [])
+    if resumed:
+        return "resumed@" + ";".join(resumed)
+    return "overwritten" if cfg.get("overwrite") else "fresh"
 
 
 def finite(values):
@@ -907,7 +946,7 @@ FIELDS = ["experiment", "env", "algo", "method", "seed", "success", "score", "a_
           "train_success", "explorer_success", "buffer_groups_with_success", "distinct_states", "final_success",
           "final_valid_seen_success", "final_valid_unseen_success", "warmstart_success", "unseen_success",
           "env_steps_warmstart", "seconds_warmstart", "explorer_kl",
-          "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "cpu", "path"]
+          "clip_centre_p10", "clip_centre_p90", "novel_type_wins", "groups_mixed", "restarts", "cpu", "path"]
 
 
 def report():
