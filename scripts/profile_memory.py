@@ -56,8 +56,7 @@ def phase(name, fn):
 
 
 def main(argv):
-    cfg = rspo.build_parser().parse_args(argv)
-    rspo.validate(cfg)
+    cfg = rspo.configure(argv)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads or 1)
     threading.Thread(target=sampler, daemon=True).start()

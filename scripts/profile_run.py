@@ -13,6 +13,7 @@ has the peak RSS sampled (every 20 ms) while it ran. Wall times on a loaded mach
 the robust part. --warm-start needs ALFWorld: profile WebShop with --env webshop --warm-start 0.
 """
 
+import contextlib
 import copy
 import os
 import resource
@@ -31,7 +32,7 @@ import rspo  # noqa: E402
 
 DEFAULTS = ["--env", "alfworld", "--method", "outcome", "--algo", "grpo", "--warm-start", "200", "--updates", "6",
             "--eval-every", "3", "--eval-episodes", "64", "--no-save-model", "--no-progress", "--threads", "1"]
-PHASES = {"warm_start": "warm start", "evaluate": "evaluation", "explore": "explorer B (--method rspo)",
+PHASES = {"warm_start": "warm start", "evaluate": "evaluation", "explorer_phase": "explorer B (--method rspo)",
           "rollout": "training rollouts", "update": "update"}
 
 seconds, calls = defaultdict(float), defaultdict(int)   # keyed by (phase, component)
@@ -61,23 +62,32 @@ def phase():
     return stack[-1] if stack else "setup/other"
 
 
+@contextlib.contextmanager
+def measured(name, is_phase=False):
+    """Time the block (and sample the RSS while it runs) as `name`: a phase, or a component of the phase running
+    now. A phase inside another (rollout inside evaluate/warm_start) belongs to the outer."""
+    if is_phase and stack:
+        yield
+        return
+    key = (name if is_phase else phase(), None if is_phase else name)
+    if is_phase:
+        stack.append(name)
+    active[key] += 1
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[key] += time.perf_counter() - t
+        calls[key] += 1
+        active[key] -= 1
+        if is_phase:
+            stack.pop()
+
+
 def timed(fn, name, is_phase=False):
     def wrapper(*args, **kwargs):
-        key = (name if is_phase else phase(), None if is_phase else name)
-        if is_phase and stack:   # a phase inside another (rollout inside evaluate/warm_start) belongs to the outer
+        with measured(name, is_phase):
             return fn(*args, **kwargs)
-        if is_phase:
-            stack.append(name)
-        active[key] += 1
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds[key] += time.perf_counter() - t
-            calls[key] += 1
-            active[key] -= 1
-            if is_phase:
-                stack.pop()
     wrapper.__wrapped__ = fn
     return wrapper
 
@@ -95,8 +105,15 @@ def merged(argv, defaults=DEFAULTS):
 
 
 def install():
-    for name in PHASES:
+    for name in ("warm_start", "evaluate", "rollout", "update"):
         setattr(rspo, name, timed(getattr(rspo, name), name, is_phase=True))
+    explorer_phase = rspo.Run.explorer_phase   # B's phase is a with-block in rspo.train, not a call
+
+    @contextlib.contextmanager
+    def measured_explorer_phase(run):
+        with measured("explorer_phase", is_phase=True), explorer_phase(run):
+            yield
+    rspo.Run.explorer_phase = measured_explorer_phase
     # update's scoring and forward passes; forward inside score_steps counts as scoring
     rspo.score_steps = timed(rspo.score_steps, "scoring (score_steps)")
     forward = rspo.Policy.forward
