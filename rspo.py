@@ -406,17 +406,17 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
             v_loss = (value_loss(values, old_values[idx].to(logp.device), returns[idx].to(logp.device),
                                  cfg.vf_clip) if returns is not None else 0.0)
             # The minibatch's loss, accumulated over chunks of --micro-batch-size samples: each chunk's
-            # token-means count by its share of the minibatch's tokens, its value loss (a mean over states)
-            # by its share of the samples, so the gradient does not depend on how the minibatch is cut.
-            tok_w, smp_w = mask.sum().item() / tokens, len(idx) / len(mb)
-            loss = tok_w * (pg_loss - cfg.ent_coef * entropy + cfg.beta * kl) + smp_w * cfg.vf_coef * v_loss
+            # token-means count by tw, its share of the minibatch's tokens, its value loss (a mean over
+            # states) by sw, its share of the samples: the gradient does not depend on how it is cut.
+            tw, sw = mask.sum().item() / tokens, len(idx) / len(mb)
+            loss = tw * pg_loss - cfg.ent_coef * tw * entropy + cfg.beta * tw * kl + cfg.vf_coef * sw * v_loss
             loss.backward()
             logged = {"losses/policy_loss": pg_loss, "losses/clipfrac": clipfrac, "losses/entropy": entropy,
                       "losses/approx_kl": masked_mean(kl_k3(logp, old), mask),
                       **({"losses/kl": kl} if ref is not None else {}),
                       **({"losses/value_loss": v_loss} if returns is not None else {})}
             for k, v in logged.items():   # weighted as in the loss
-                acc[k] = acc.get(k, 0.0) + (smp_w if k == "losses/value_loss" else tok_w) * float(v.detach())
+                acc[k] = acc.get(k, 0.0) + (sw if k == "losses/value_loss" else tw) * float(v.detach())
         acc["losses/grad_norm"] = optimizer_step(policy.agent.parameters(), optimizer, cfg.max_grad_norm)
         stats.append(acc)
     return {**{k: sum(a[k] for a in stats) / len(stats) for k in stats[0]}, **diagnostics}
