@@ -364,13 +364,14 @@ def score_steps(policy, steps, cfg):
     return logps, values
 
 
-def replay_diagnostics(behav_logp, old_logp):
+def replay_diagnostics(behav_logp, old_logp, tokens):
     """How far the replayed tokens' behaviour policy (B) is from A = pi_old: KL(pi_behav || pi_old) per token
-    (kl_k3, unbiased on pi_behav's samples); the clip centre pi_old / pi_behav's 10th, 90th centiles."""
+    (kl_k3, unbiased on pi_behav's samples), the clip centre pi_old / pi_behav's 10th, 90th centiles; and the
+    replayed tokens' share of the batch's `tokens`: J_off's weight in the token-mean (alpha counts groups)."""
     centre = torch.exp(old_logp - behav_logp).float()
     p10, p90 = torch.quantile(centre, torch.tensor([0.1, 0.9])).tolist()
-    return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()),
-            "buffer/clip_centre_p10": p10, "buffer/clip_centre_p90": p90}
+    return {"buffer/explorer_kl": float(kl_k3(behav_logp, old_logp).mean()), "buffer/clip_centre_p10": p10,
+            "buffer/clip_centre_p90": p90, "buffer/token_share": len(behav_logp) / tokens}
 
 
 def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
@@ -388,8 +389,8 @@ def update(policy, optimizer, trajs, cfg, generator, ref=None, replayed=()):
         scored, old_values = score_steps(policy, other, cfg)[0], None
     old_logp, behav_logp = [s.behav_logp for s in own] + scored, [s.behav_logp for s in steps]
     ref_logp = score_steps(ref, steps, cfg)[0] if ref is not None else None
-    diagnostics = (replay_diagnostics(torch.cat([s.behav_logp for s in other]), torch.cat(scored))
-                   if other else {})
+    diagnostics = replay_diagnostics(torch.cat([s.behav_logp for s in other]), torch.cat(scored),
+                                     sum(len(s.response_ids) for s in steps)) if other else {}
     adv, returns = advantages_for(list(trajs) + list(replayed), cfg, old_values)
     lengths, stats = sequence_lengths(steps), []
     policy.agent.train()
@@ -1019,15 +1020,16 @@ class Run:
         """Around B's phase: its seconds; with --explorer-offload A and its Adam state wait in host memory, so
         one copy is on the device at a time; B's memory goes back to the device afterwards."""
         start, agent, device = time.time(), self.policy.agent, self.policy.device
+        release = torch.cuda.empty_cache if device.type == "cuda" else lambda: None   # freed memory back
         if self.cfg.explorer_offload:
             move_training_state(agent, self.optimizer, torch.device("cpu"))
-        release_memory(device)
+        release()
         try:
             yield
         finally:
             if self.cfg.explorer_offload:
                 move_training_state(agent, self.optimizer, device)
-        release_memory(device)
+        release()
         self.b_seconds += time.time() - start
 
     def after_update(self, u, own, replayed, explored, stats):
@@ -1059,8 +1061,7 @@ class Run:
 
 @contextlib.contextmanager
 def own_rng(seed, device):
-    """A private torch RNG stream (CPU, and the CUDA device in use): sampling inside never shifts the
-    training stream, so evaluation or the estimator's fit leave training identical."""
+    """A private torch RNG stream (CPU, and the CUDA device in use): what it samples leaves training alone."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         yield
@@ -1359,8 +1360,7 @@ def fit_or_load_estimator(source, policy, cfg):
 # ---- Config: the flags; validate checks them, fill_defaults completes them (configure does both) -----------
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line and exit code 2, no usage dump and no traceback."""
+    def error(self, message):   # one line and exit code 2: no usage dump, no traceback
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
@@ -1506,7 +1506,9 @@ def fill_defaults(cfg):
     cfg.explorer_lr = cfg.explorer_lr or cfg.lr
     if cfg.warm_start is None:   # a model of its own (pretrained or saved by a run) has already learned
         cfg.warm_start = 1000 if cfg.model == "tiny" and cfg.backend == "offline" else 0
-    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.method}_{cfg.algo}_s{cfg.seed}")
+    model = "" if cfg.model == "tiny" else "_" + os.path.basename(os.path.normpath(cfg.model))
+    cfg.output_dir = cfg.output_dir or os.path.join("runs", f"{cfg.env}_{cfg.method}_{cfg.algo}_s{cfg.seed}"
+                                                            + model)
     if cfg.prm_lr is None:
         cfg.prm_lr = 1e-3 if (cfg.model if cfg.prm_model == "policy" else cfg.prm_model) == "tiny" else 1e-5
     cfg.eval_split = cfg.eval_split or {"alfworld": "valid_seen", "webshop": "test"}[cfg.env]
@@ -1562,7 +1564,10 @@ def load_checkpoint(cfg):
     """--resume: the checkpoint in --output-dir, or None when the directory holds no run yet. Without --resume
     or --overwrite a directory holding a run is refused, so a new run never replaces an earlier one."""
     out = cfg.output_dir
-    if cfg.overwrite or not any(pathlib.Path(out, f).exists() for f in ("config.json", "metrics.jsonl")):
+    holds_run = any(pathlib.Path(out, f).exists() for f in ("config.json", "metrics.jsonl"))
+    if cfg.resume and not holds_run:
+        raise ConfigError(f"--resume: {out} holds no run to resume (start one with --save-every N)")
+    if cfg.overwrite or not holds_run:
         return None
     if not cfg.resume:
         raise ConfigError(f"--output-dir {out} already holds a run: --overwrite replaces it, "
@@ -1635,12 +1640,6 @@ def move_training_state(agent, optimizer, device):
                 state[k] = v.to(device)
 
 
-def release_memory(device):
-    """Hand freed blocks back to the device, so the next phase (or another copy) can use them."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def save_atomically(path, save):
     """save(path + '.tmp'), then rename it onto path: a kill mid-write leaves the earlier file whole."""
     save(path + ".tmp")
@@ -1685,20 +1684,12 @@ def open_run_dir(cfg, checkpoint):
     return records
 
 
-def summary_table(first, last):
-    rows = [k for k in last if k.startswith("eval/")]
-    lines = [f"{'metric':<40} {'start':>8} {'end':>8}"]
-    lines += [f"{k:<40} {first.get(k, float('nan')):>8.3f} {last[k]:>8.3f}" for k in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None, pretrained=None):
     """The command line. pretrained: a loaded (model, tokenizer) instead of --model (see build_policy)."""
     parser = build_parser()
     cfg = parser.parse_args(argv)
     try:   # every check before any work, and before the output directory is touched
         fill_defaults(validate(cfg))   # cfg is not changed after this
-        checkpoint = load_checkpoint(cfg)
         if cfg.prm_path:
             load_saved_estimator(cfg)   # a mismatched --prm-path fails here
         random.seed(cfg.seed)
@@ -1709,6 +1700,7 @@ def main(argv=None, pretrained=None):
         device = pick_device(cfg.device)
         policy = build_policy(cfg, device, pretrained)
         source = build_dense_source(policy, cfg)
+        checkpoint = load_checkpoint(cfg)   # after the model: a bad --model is reported as such
         if cfg.prm_path:
             check_writable(cfg.prm_path, "--prm-path", directory=False)
         check_writable(cfg.output_dir, "--output-dir")
@@ -1722,11 +1714,16 @@ def main(argv=None, pretrained=None):
                            "command": sys.argv if argv is None else argv}, indent=1)
         save_atomically(os.path.join(out, "config.json"), lambda p: pathlib.Path(p).write_text(text))
     write_config()
+    print(f"{out}: config.json, metrics.jsonl", flush=True)
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         def log(record):
             records.append(record)
             f.write(json.dumps(record) + "\n")
             f.flush()
+            if not cfg.progress:   # no bar (not a terminal): one line per update instead
+                shown = "".join(f", {k} {record[k]:.3f}" for k in ("train/success", "eval/success")
+                                if k in record)
+                print(f"update {record['update']}/{cfg.updates}{shown}", flush=True)
         optimizer = torch.optim.Adam(policy.agent.parameters(), lr=cfg.lr)
         if checkpoint is None:
             state, ref = start_run(cfg, policy, source, log)
@@ -1740,7 +1737,9 @@ def main(argv=None, pretrained=None):
     resumed = f" (resumed at update {checkpoint['record']['update']})" if checkpoint else ""
     print(f"{out}: {cfg.updates} updates of A, {time.time() - start:.0f}s in this process{resumed}, "
           f"env steps A={records[-1]['env_steps/A']} B={records[-1]['env_steps/B']}")
-    print(summary_table(records[0], records[-1]))
+    rows = [f"{k:<40} {records[0].get(k, float('nan')):>8.3f} {records[-1][k]:>8.3f}" for k in records[-1]
+            if k.startswith("eval/")]
+    print("\n".join([f"{'metric':<40} {'start':>8} {'end':>8}", *rows]))
     if cfg.save_model:
         save_model(policy, cfg, os.path.join(out, "model"))
     return records

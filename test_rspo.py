@@ -306,6 +306,15 @@ def test_the_buffer_ranks_ragged_groups_by_their_own_episodes_and_replays_in_ord
     assert [t.group for t in buffer.groups[0]] == [1] * 4   # renumbered copies: the buffer keeps its ids
 
 
+def test_the_copy_out_example_in_the_docs_runs_and_checks_its_contract(core, monkeypatch):
+    """docs/copy-out.md's example (own groups, a buffer group, advantages [rows, 1], the three log-probs) runs
+    as printed, on rspo and on the copied block, and its own assertions hold."""
+    text = open(os.path.join(HERE, "docs", "copy-out.md")).read()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.setitem(sys.modules, "rspo", core)   # `from rspo import ...` takes the block under test
+    exec(compile(code, "docs/copy-out.md", "exec"), {"__name__": "example"})
+
+
 def test_take_from_an_empty_buffer_is_a_clear_error(core):
     """Taking groups from a buffer never refilled says so (it divided by zero); taking none is an empty list.
     """
@@ -413,17 +422,17 @@ def test_reward_vectors():
 def test_replay_diagnostics_by_hand():
     # behaviour (B) probs .5, .25; A's .25, .5: d = log(A / B) = log .5, log 2; k3 = e^d - d - 1 = .5 + .6931
     # - 1 = .1931 and 2 - .6931 - 1 = .3069, mean .25; clip centres c = A / B = .5, 2: percentiles by linear
-    # interpolation .5 + .1 x 1.5 = .65, .5 + .9 x 1.5 = 1.85
-    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.25])), torch.log(T([0.25, 0.5])))
+    # interpolation .5 + .1 x 1.5 = .65, .5 + .9 x 1.5 = 1.85; 2 replayed tokens of a batch of 8: share .25
+    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.25])), torch.log(T([0.25, 0.5])), 8)
     assert out == pytest.approx({"buffer/explorer_kl": 0.25, "buffer/clip_centre_p10": 0.65,
-                                 "buffer/clip_centre_p90": 1.85}, abs=1e-4)
+                                 "buffer/clip_centre_p90": 1.85, "buffer/token_share": 0.25}, abs=1e-4)
     # the direction: B .5, A .25 on both tokens: KL(B || A) per token e^d - d - 1 at d = log .5 is .1931
     # (KL(A || B) would be .3069)
-    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.5])), torch.log(T([0.25, 0.25])))
+    out = rspo.replay_diagnostics(torch.log(T([0.5, 0.5])), torch.log(T([0.25, 0.25])), 2)
     assert out["buffer/explorer_kl"] == pytest.approx(0.1931, abs=1e-4)
-    same = rspo.replay_diagnostics(torch.log(T([0.3, 0.6])), torch.log(T([0.3, 0.6])))
+    same = rspo.replay_diagnostics(torch.log(T([0.3, 0.6])), torch.log(T([0.3, 0.6])), 2)
     assert same == pytest.approx({"buffer/explorer_kl": 0.0, "buffer/clip_centre_p10": 1.0,
-                                  "buffer/clip_centre_p90": 1.0})
+                                  "buffer/clip_centre_p90": 1.0, "buffer/token_share": 1.0})
 
 
 # ---- Rollout, update and train: the RSPO wiring through the real trainer -----------------------------------
@@ -583,8 +592,10 @@ def test_rspo_cycle_wiring_through_the_trainer(tmp_path, monkeypatch, update_cal
                 f"policy loss {stats['losses/policy_loss']:.6f}, by hand {float(expected):.6f} " \
                 f"(with behav_logp ignored: {float(ignored):.6f})"
             shown["loss depends on behav"] += abs(float(expected - ignored)) > 1e-3
-            # the off-policy diagnostics are taken on the replayed tokens only: B's log-probs against pi_old
+            # the off-policy diagnostics are taken on the replayed tokens only: B's log-probs against pi_old;
+            # their share of the batch's tokens is J_off's weight in the token-mean loss
             d = torch.cat([o - b for o, b, r in zip(old, behav, from_buffer) if r])
+            assert stats["buffer/token_share"] == pytest.approx(len(d) / tokens)
             kl, p90 = float((torch.exp(d) - d - 1).mean()), float(torch.quantile(torch.exp(d), 0.9))
             assert stats["buffer/explorer_kl"] == pytest.approx(kl, rel=1e-4)
             assert stats["buffer/clip_centre_p90"] == pytest.approx(p90, rel=1e-4)
@@ -1382,6 +1393,11 @@ def test_prm_epochs_default_is_each_envs_best_fit():
     (["--clip-ratio-c", "1"], "--clip-ratio-c must be > 1", {}),
     (["--save-every", "-1"], "--save-every must be >= 0", {}),
     (["--overwrite", "--resume"], "--overwrite and --resume exclude each other", {}),
+    (["--resume"], "--resume: {tmp}/out holds no run to resume (start one with --save-every N)", {}),
+    # the model is checked before the output directory: a bad model in a directory holding a run is the
+    # model's error
+    (["--model", "/no/such/model", "--output-dir", "{tmp}/earlier"],
+     "--model /no/such/model: no such directory", {}),
     (["--dense-reward", "learned", "--prm-model", "/no/such/prm"],
      "--prm-model /no/such/prm: no such directory", {}),
     (["--dense-reward", "learned", "--prm-path", "{tmp}/model.gguf/e.pt"],
@@ -1523,6 +1539,18 @@ def test_save_atomically_keeps_the_earlier_file_when_the_write_dies(tmp_path):
     assert path.read_text() == "later" and not (tmp_path / "config.json.tmp").exists()
 
 
+def test_without_a_terminal_a_run_says_where_it_writes_and_prints_a_line_per_update(tmp_path, capsys):
+    """No progress bar (not a terminal, or --no-progress): the output directory at the start, then one line
+    per logged record, with the training success and, when evaluated, the held-out success."""
+    run(tmp_path, "--updates", "2", "--eval-every", "1")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{tmp_path}: config.json, metrics.jsonl"
+    assert re.fullmatch(r"update 0/2, eval/success \d\.\d{3}", out[1])
+    assert re.fullmatch(r"update 1/2, train/success \d\.\d{3}, eval/success \d\.\d{3}", out[2])
+    assert out[3].startswith("update 2/2, train/success ")
+    assert out[4].startswith(f"{tmp_path}: 2 updates of A")
+
+
 @pytest.mark.slow
 def test_a_run_never_replaces_an_earlier_one(tmp_path, capsys):
     run(tmp_path, "--updates", "1")
@@ -1555,6 +1583,7 @@ def test_a_saved_tiny_model_comes_back_as_it_was_trained(tmp_path):
     saved = tmp_path / "a" / "model"
     assert not (tmp_path / "a" / "model.tmp").exists()
     cfg = rspo.configure(["--env", "webshop", "--model", str(saved)])
+    assert cfg.output_dir == os.path.join("runs", "webshop_rspo_grpo_s0_model")   # named: no collision
     assert (cfg.prompt, cfg.action_mode, cfg.lr, cfg.copy_term) == ("compact", "constrained", 0.003, True)
     policy = rspo.build_policy(cfg, torch.device("cpu"))
     head = torch.load(saved / "value_head.pt")
